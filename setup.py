@@ -1,0 +1,42 @@
+"""Install wmrl_jax: `pip install -e .[dev]` (CPU) or `pip install -e .[cuda12]` (GPU)."""
+
+import setuptools
+
+_DEV = [
+    "pytest>=8",
+    "pytest-xdist>=3",
+    "hypothesis>=6.100",
+    "scikit-learn>=1.4",
+    "scipy>=1.12",
+    "jaxopt>=0.8",
+    "matplotlib>=3.8",
+    "nbclient>=0.10",
+    "ipykernel>=6",
+    "ruff>=0.6",
+]
+
+setuptools.setup(
+    name="wmrl_jax",
+    version="0.1.0",
+    description="World Model RL (WMRL) for automatic-research agents, in JAX.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["wmrl_jax", "wmrl_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.5",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "chex>=0.1.88",
+        "numpy>=1.26",
+        "ml_collections>=1.0",
+        "absl-py>=2.1",
+        "transformers>=4.50",
+        "docker>=7.1",
+    ],
+    extras_require={
+        "cuda12": ["jax[cuda12]>=0.5"],
+        "dev": _DEV,
+    },
+)
