@@ -1,0 +1,32 @@
+# The README's commands. `make run` / `make test` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) lint
+	$(PY) -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.isotonic --json outputs/bench/isotonic.json
+	$(PY) -m benchmarks.fusion --json outputs/bench/fusion.json
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .hypothesis

@@ -1,0 +1,367 @@
+"""The WMRL reward correction: Online Debiasing and Inverse-Variance Denoising.
+
+Every step the world model (WM) predicts a reward `r̂` (and optionally a
+variance) for every sample; a fraction of samples (anchors) is also executed
+for real, giving `r`. `make_reward_correction(...)` returns an
+`(init, update)` pair, in the style of optax's `GradientTransformation`:
+
+    correction = make_reward_correction(capacity=512)
+    state = correction.init()
+    rewards, state, diagnostics = correction.update(
+        state, pred_mean, pred_var, real, anchor_mask)
+
+`update` does, in order:
+
+1. **Out-of-sample residuals.** The map fitted at the previous step, `g`, is
+   applied to this step's anchors; `r - g(r̂)` feeds an exponentially decayed
+   variance estimate. Residuals are out of sample, so the estimate is not
+   shrunk by the map having seen these very points. It estimates
+   `σ²_wm + σ²_real`; `σ²_wm` is that minus `σ²_real`, floored.
+2. **Anchor buffer.** New anchor pairs `(r̂, r)` enter a fixed-capacity ring
+   buffer (oldest out); with `decay < 1` older pairs also lose weight
+   geometrically each step.
+3. **Online Debiasing.** A weighted isotonic map `g` is refitted on the buffer
+   (`wmrl_jax.core.isotonic`) and applied to all predictions: `r̃ = g(r̂)`.
+4. **Inverse-Variance Denoising.** Where a real score exists,
+   `r* = (r̃/σ²_wm + r/σ²_real) / (1/σ²_wm + 1/σ²_real)`
+   (`wmrl_jax.core.fusion`); elsewhere `r* = r̃`.
+
+`σ²_real` comes from replicate executions when the caller provides them
+(`(r_1 - r_2)^2 / 2` is unbiased for it), shrunk towards a configured prior
+with a pseudo-count, or from the prior alone. A per-sample WM variance (from
+the WM's own predictive distribution) can refine `σ²_wm`: with
+``wm_var="per_sample"`` it is scaled by `var̂_i / E_anchors[var̂]`.
+
+Bad input loses nothing: a prediction that could not be parsed is passed as
+NaN mean and/or infinite variance; an anchor with a NaN real score is not an
+anchor. A sample with neither a usable prediction nor a real score gets the
+buffer's mean real reward (an uninformative reward, so its group advantage is
+near zero) and is counted in the diagnostics.
+
+The ablation arms of the paper are switches: ``debias`` (isotonic map on/off)
+and ``ivd`` (fusion on/off; when off, real scores replace predictions where
+they exist if ``use_real``, otherwise they are ignored).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from wmrl_jax.core import fusion, isotonic
+
+_WM_VAR_MODES = ("global", "per_sample")
+
+
+class CorrectionState(NamedTuple):
+    """State of the reward correction; a pytree of fixed-shape arrays.
+
+    Attributes:
+      pred: anchor buffer of WM predictions, of shape [C].
+      real: anchor buffer of real rewards, of shape [C].
+      weight: anchor weights, of shape [C] (decayed with age when decay < 1).
+      valid: bool, of shape [C]: which buffer slots hold an anchor.
+      next_slot: int32 scalar, the ring-buffer write position.
+      fit: the isotonic map fitted on the buffer at the last update.
+      resid: decayed mean/variance of out-of-sample residuals `r - g(r̂)`.
+      pred_var: decayed mean of the WM's own variances on anchors.
+      replicate_sq: sum of `(r_1 - r_2)^2 / 2` over replicate pairs seen.
+      replicate_count: number of replicate pairs seen (float32 scalar).
+      step: int32 scalar, number of updates so far.
+    """
+
+    pred: jax.Array
+    real: jax.Array
+    weight: jax.Array
+    valid: jax.Array
+    next_slot: jax.Array
+    fit: isotonic.IsotonicFit
+    resid: fusion.EmaVarianceState
+    pred_var: fusion.EmaVarianceState
+    replicate_sq: jax.Array
+    replicate_count: jax.Array
+    step: jax.Array
+
+
+class RewardCorrection(NamedTuple):
+    """The functions built by `make_reward_correction`.
+
+    Attributes:
+      init: `() -> CorrectionState`.
+      update: `(state, pred_mean, pred_var, real, anchor_mask, *,
+        real_replicate=None) -> (rewards, state, diagnostics)`.
+      debias: `(state, pred_mean) -> debiased`: the state's map applied to
+        predictions of any shape (identity while debiasing is off or fewer
+        than `min_anchors` anchors were seen), i.e. the WM-only reward stream.
+    """
+
+    init: callable
+    update: callable
+    debias: callable
+
+
+def _masked_mean(x, mask):
+    count = jnp.sum(mask)
+    total = jnp.sum(jnp.where(mask, x, 0))
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+
+
+def _ranks(x, mask):
+    """Ordinal ranks among valid entries (invalid ones sort last)."""
+    order = jnp.argsort(jnp.where(mask, x, jnp.inf), stable=True)
+    return jnp.zeros(x.shape, jnp.float32).at[order].set(jnp.arange(x.shape[0], dtype=jnp.float32))
+
+
+def rank_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
+    """Spearman rank correlation of `x` and `y` over `mask` (ordinal ranks).
+
+    Args:
+      x: values of shape [n].
+      y: values of shape [n].
+      mask: bool of shape [n].
+
+    Returns:
+      A float32 scalar in [-1, 1]; NaN with fewer than two valid entries or
+      when either side is constant.
+
+    Example:
+      >>> float(rank_correlation(jnp.array([1., 2., 3.]), jnp.array([1., 5., 9.]),
+      ...                        jnp.ones(3, bool)))
+      1.0
+    """
+    rx, ry = _ranks(x, mask), _ranks(y, mask)
+    mx, my = _masked_mean(rx, mask), _masked_mean(ry, mask)
+    dx = jnp.where(mask, rx - mx, 0)
+    dy = jnp.where(mask, ry - my, 0)
+    denom = jnp.sqrt(jnp.sum(dx * dx) * jnp.sum(dy * dy))
+    ok = (jnp.sum(mask) >= 2) & (denom > 0)
+    return jnp.where(ok, jnp.sum(dx * dy) / jnp.where(ok, denom, 1), jnp.nan)
+
+
+def _append(state, pred, real, new, capacity, decay):
+    """Writes the pairs marked by `new` into the ring buffer (last ones win)."""
+    n_new = jnp.sum(new, dtype=jnp.int32)
+    rank = jnp.cumsum(new, dtype=jnp.int32) - 1
+    keep = new & (rank >= n_new - capacity)  # At most `capacity` distinct slots.
+    slot = jnp.where(keep, (state.next_slot + rank - jnp.maximum(n_new - capacity, 0)), 0)
+    slot = jnp.where(keep, slot % capacity, capacity)  # Out of range = dropped.
+    weight = state.weight * decay
+    return (
+        state.pred.at[slot].set(pred, mode="drop"),
+        state.real.at[slot].set(real, mode="drop"),
+        weight.at[slot].set(1.0, mode="drop"),
+        state.valid.at[slot].set(True, mode="drop"),
+        (state.next_slot + jnp.minimum(n_new, capacity)) % capacity,
+    )
+
+
+def make_reward_correction(
+    *,
+    capacity: int = 1024,
+    debias: bool = True,
+    ivd: bool = True,
+    use_real: bool = True,
+    decay: float = 1.0,
+    var_decay: float = 0.99,
+    real_var_prior: float = 1e-3,
+    real_var_prior_count: float = 4.0,
+    wm_var: str = "global",
+    min_wm_var: float = 1e-6,
+    min_anchors: int = 8,
+    increasing: bool = True,
+    backend: str = "auto",
+) -> RewardCorrection:
+    """Builds the WMRL reward correction.
+
+    Args:
+      capacity: anchor-buffer size C (fixed under jit).
+      debias: apply the isotonic map fitted on anchors (Online Debiasing).
+      ivd: fuse debiased predictions with real scores (Inverse-Variance
+        Denoising). Without it, real scores replace predictions where they
+        exist if `use_real`, and are ignored otherwise.
+      use_real: see `ivd`.
+      decay: per-step weight decay of older anchors in the fit (1: a plain
+        window of the last C anchors).
+      var_decay: per-sample decay of the residual-variance estimate.
+      real_var_prior: prior for σ²_real, the variance of one real execution.
+      real_var_prior_count: pseudo-count of the prior against replicate pairs.
+      wm_var: "global" (one σ²_wm) or "per_sample" (scaled by the WM's own
+        variance per sample).
+      min_wm_var: floor of σ²_wm, so fusion never trusts the WM as exact.
+      min_anchors: the map is applied only once the buffer holds at least this
+        many anchors; before, predictions pass through unchanged (a map fitted
+        on a handful of points clips everything to their narrow range).
+      increasing: direction of the map (the WM's scale is increasing in r).
+      backend: isotonic backend ("auto", "native", "xla").
+
+    Returns:
+      A `RewardCorrection(init, update)`.
+
+    Example:
+      >>> c = make_reward_correction(capacity=8)
+      >>> state = c.init()
+      >>> rewards, state, diag = c.update(
+      ...     state, jnp.array([0.9, 0.8]), jnp.ones(2), jnp.array([0.5, jnp.nan]),
+      ...     jnp.array([True, False]))
+      >>> rewards.shape
+      (2,)
+    """
+    if min_anchors < 1:
+        raise ValueError(f"min_anchors must be >= 1, got {min_anchors}")
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if wm_var not in _WM_VAR_MODES:
+        raise ValueError(f"wm_var must be one of {_WM_VAR_MODES}, got {wm_var!r}")
+    if not 0.0 < decay <= 1.0 or not 0.0 < var_decay <= 1.0:
+        raise ValueError(f"decay and var_decay must be in (0, 1], got {decay}, {var_decay}")
+    if real_var_prior <= 0 or real_var_prior_count < 0 or min_wm_var <= 0:
+        raise ValueError("real_var_prior and min_wm_var must be > 0, real_var_prior_count >= 0")
+
+    def init() -> CorrectionState:
+        zeros = jnp.zeros(capacity, jnp.float32)
+        return CorrectionState(
+            pred=zeros,
+            real=zeros,
+            weight=zeros,
+            valid=jnp.zeros(capacity, bool),
+            next_slot=jnp.int32(0),
+            fit=isotonic.IsotonicFit(zeros, zeros, jnp.int32(0)),
+            resid=fusion.ema_variance_init(),
+            pred_var=fusion.ema_variance_init(),
+            replicate_sq=jnp.float32(0),
+            replicate_count=jnp.float32(0),
+            step=jnp.int32(0),
+        )
+
+    def debias_fn(state, pred_mean):
+        pred_mean = jnp.asarray(pred_mean, jnp.float32)
+        if not debias:
+            return pred_mean
+        mapped = isotonic.isotonic_predict(state.fit, pred_mean, backend=backend)
+        return jnp.where(jnp.sum(state.valid) >= min_anchors, mapped, pred_mean)
+
+    def update(state, pred_mean, pred_var, real, anchor_mask, *, real_replicate=None):
+        """Corrects one step's rewards.
+
+        Args:
+          state: a `CorrectionState`.
+          pred_mean: WM predictions r̂ of shape [N] (NaN: unparseable).
+          pred_var: WM predictive variances of shape [N] (inf: unparseable;
+            only used with wm_var="per_sample" and to mark unusable samples).
+          real: real rewards r of shape [N] (NaN or anything where not run).
+          anchor_mask: bool of shape [N], samples that were executed.
+          real_replicate: optional second real score of shape [N] (NaN where
+            absent); pairs estimate σ²_real and the mean is used as `r`.
+
+        Returns:
+          `(rewards, new_state, diagnostics)`: corrected rewards r* of shape
+          [N] (float32, finite), and a dict of float32 scalars.
+        """
+        pred_mean = jnp.asarray(pred_mean, jnp.float32)
+        n = pred_mean.shape[0] if pred_mean.ndim == 1 else -1
+        arrays = {"pred_var": pred_var, "real": real, "anchor_mask": anchor_mask}
+        if real_replicate is not None:
+            arrays["real_replicate"] = real_replicate
+        if pred_mean.ndim != 1 or any(jnp.shape(a) != (n,) for a in arrays.values()):
+            shapes = {k: jnp.shape(v) for k, v in arrays.items()}
+            raise ValueError(
+                f"update expects pred_mean of shape [N] and pred_var, real, anchor_mask "
+                f"of the same shape; got pred_mean {pred_mean.shape} and {shapes}"
+            )
+        pred_var = jnp.asarray(pred_var, jnp.float32)
+        real = jnp.asarray(real, jnp.float32)
+        usable_pred = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
+        has_real = jnp.asarray(anchor_mask, bool) & jnp.isfinite(real)
+
+        # σ²_real: replicate pairs shrunk towards the prior.
+        replicate_sq, replicate_count = state.replicate_sq, state.replicate_count
+        n_real = has_real.astype(jnp.float32)
+        if real_replicate is not None:
+            rep = jnp.asarray(real_replicate, jnp.float32)
+            pair = has_real & jnp.isfinite(rep)
+            replicate_sq += jnp.sum(jnp.where(pair, 0.5 * (real - rep) ** 2, 0))
+            replicate_count += jnp.sum(pair, dtype=jnp.float32)
+            real = jnp.where(pair, 0.5 * (real + rep), real)
+            n_real = n_real + pair
+        sigma2_real = (replicate_sq + real_var_prior_count * real_var_prior) / (
+            replicate_count + real_var_prior_count
+        )
+        var_real = sigma2_real / jnp.maximum(n_real, 1)
+
+        # 1. Out-of-sample residuals against the previous map.
+        anchors = has_real & usable_pred
+        had_map = jnp.sum(state.valid) >= min_anchors
+        prev = debias_fn(state, pred_mean)
+        resid_mask = anchors & (had_map | (not debias))
+        resid = fusion.ema_variance_update(
+            state.resid, real - prev, decay=var_decay, mask=resid_mask
+        )
+        pred_var_stats = fusion.ema_variance_update(
+            state.pred_var, pred_var, decay=var_decay, mask=anchors & jnp.isfinite(pred_var)
+        )
+        resid_var = fusion.ema_variance(resid)
+        sigma2_wm = jnp.maximum(resid_var - sigma2_real, min_wm_var)
+        if wm_var == "per_sample":
+            scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
+            var_wm = sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0)
+        else:
+            var_wm = jnp.broadcast_to(sigma2_wm, pred_mean.shape)
+        var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
+
+        # 2-3. Append anchors, refit the map, debias every prediction.
+        pred_b, real_b, weight_b, valid_b, next_slot = _append(
+            state, pred_mean, real, anchors, capacity, decay
+        )
+        fit = isotonic.isotonic_fit(
+            pred_b, real_b, weights=weight_b, mask=valid_b, increasing=increasing, backend=backend
+        )
+        debiased = debias_fn(state._replace(fit=fit, valid=valid_b), pred_mean)
+        prior_mean = _masked_mean(real_b, valid_b)
+        fallback = jnp.where(jnp.isnan(prior_mean), 0.0, prior_mean)
+
+        # 4. Fuse where a real score exists.
+        if ivd:
+            fused, _ = fusion.inverse_variance_fuse(
+                jnp.where(usable_pred, debiased, 0.0), var_wm, jnp.where(has_real, real, 0.0),
+                jnp.where(has_real, var_real, jnp.inf),
+            )
+            weight_wm = fusion.fusion_weight(var_wm, jnp.where(has_real, var_real, jnp.inf))
+            rewards = jnp.where(usable_pred | has_real, fused, fallback)
+        else:
+            weight_wm = jnp.where(has_real & use_real, 0.0, 1.0)
+            rewards = jnp.where(has_real & use_real, real, debiased)
+            rewards = jnp.where(usable_pred | (has_real & use_real), rewards, fallback)
+
+        new_state = CorrectionState(
+            pred=pred_b,
+            real=real_b,
+            weight=weight_b,
+            valid=valid_b,
+            next_slot=next_slot,
+            fit=fit,
+            resid=resid,
+            pred_var=pred_var_stats,
+            replicate_sq=replicate_sq,
+            replicate_count=replicate_count,
+            step=state.step + 1,
+        )
+        diagnostics = {
+            "n_anchors": jnp.sum(anchors, dtype=jnp.float32),
+            "n_unusable": jnp.sum(~usable_pred & ~has_real, dtype=jnp.float32),
+            "buffer_size": jnp.sum(valid_b, dtype=jnp.float32),
+            "map_knots": fit.n_knots.astype(jnp.float32),
+            "bias_raw": _masked_mean(pred_mean - real, anchors),
+            "bias_debiased": _masked_mean(prev - real, anchors & had_map),
+            "abs_bias_raw": _masked_mean(jnp.abs(pred_mean - real), anchors),
+            "abs_bias_debiased": _masked_mean(jnp.abs(prev - real), anchors & had_map),
+            "sigma2_wm": sigma2_wm,
+            "sigma2_real": sigma2_real,
+            "resid_var": resid_var,
+            "fused_weight_wm": _masked_mean(weight_wm, has_real & usable_pred),
+            "rank_corr": rank_correlation(pred_b, real_b, valid_b),
+        }
+        return rewards, new_state, diagnostics
+
+    return RewardCorrection(init, update, debias_fn)

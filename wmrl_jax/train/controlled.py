@@ -1,0 +1,272 @@
+"""The controlled study: GRPO on a simulated research environment, four arms.
+
+A softmax policy over the candidate solutions of each task is trained with
+`wmrl_jax.core.grpo` on rewards from one of four arms:
+
+* ``real``: every group executed for real (real-execution GRPO);
+* ``wm_naive``: world-model predictions only, uncorrected, nothing executed;
+* ``wm_debias``: a fraction ρ of groups executed (anchors); Online Debiasing
+  on all predictions; anchors use their real score;
+* ``wmrl``: as ``wm_debias`` plus Inverse-Variance Denoising on anchors.
+
+One arm for all seeds is a single jitted function of a key (a `lax.scan`
+over steps, `jax.vmap` over seeds). Because the ground truth is known, every
+step records the policy's expected true reward and the error of the rewards
+fed to GRPO; `summarize` turns that into the study's table, including the
+real executions each arm spends to reach the final reward of ``real``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from wmrl_jax.core import correction as correction_lib
+from wmrl_jax.core import grpo
+from wmrl_jax.envs import simulated
+
+ARMS = ("real", "wm_naive", "wm_debias", "wmrl")
+
+
+class _Carry(NamedTuple):
+    logits: jax.Array
+    opt_state: optax.OptState
+    correction: correction_lib.CorrectionState
+
+
+def _masked_var(x, mask):
+    count = jnp.maximum(jnp.sum(mask), 1)
+    mean = jnp.sum(jnp.where(mask, x, 0)) / count
+    return jnp.where(jnp.sum(mask) > 1, jnp.sum(jnp.where(mask, (x - mean) ** 2, 0)) / count, jnp.nan)
+
+
+def _make_correction(config, arm):
+    return correction_lib.make_reward_correction(
+        capacity=config.correction.capacity,
+        debias=arm in ("wm_debias", "wmrl"),
+        ivd=arm == "wmrl",
+        decay=config.correction.decay,
+        real_var_prior=config.correction.real_var_prior,
+        min_anchors=config.correction.min_anchors,
+    )
+
+
+def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict:
+    """Trains one arm for one seed; pure, jit- and vmap-able over `key`.
+
+    Args:
+      config: the study config (see `experiments/configs/controlled.py`).
+      arm: one of `ARMS` (static).
+      key: a PRNG key; the environment and the run derive from it.
+
+    Returns:
+      A dict of per-step arrays of shape [num_steps]: ``true_reward`` (the
+      policy's expected true quality, over all tasks), ``executions``,
+      ``bias`` and ``error_var`` (mean and variance of fed reward minus true
+      quality), and on anchor samples ``anchor_var_real``,
+      ``anchor_var_debiased``, ``anchor_var_fed``; plus the correction's
+      diagnostics ``sigma2_wm``, ``rank_corr``.
+    """
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+    env_cfg, wm_cfg = config.env, config.world_model
+    k_env, k_run = jax.random.split(key)
+    env = simulated.make_env(
+        k_env,
+        num_tasks=env_cfg.num_tasks,
+        num_candidates=env_cfg.num_candidates,
+        blind_spot_fraction=wm_cfg.blind_spot_fraction,
+        blind_spot_size=wm_cfg.blind_spot_size,
+    )
+    spec = simulated.WorldModelSpec(wm_cfg.offset, wm_cfg.scale, wm_cfg.gamma, wm_cfg.noise)
+    b, g = config.tasks_per_step, config.group_size
+    n_anchor_groups = {"real": b, "wm_naive": 0}.get(
+        arm, max(1, int(round(config.anchor_fraction * b)))
+    )
+    optimizer = optax.adam(config.learning_rate)
+    correction = _make_correction(config, arm)
+    logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
+
+    def loss_fn(logits, tasks, actions, advantages):
+        logp_all = jax.nn.log_softmax(logits[tasks], axis=-1)  # [B, K]
+        logp = jnp.take_along_axis(logp_all, actions, axis=-1)  # [B, G]
+        logp = logp.reshape(-1, 1)
+        loss, metrics = grpo.grpo_loss(
+            logp,
+            jax.lax.stop_gradient(logp),
+            None,
+            advantages.reshape(-1),
+            jnp.ones_like(logp, bool),
+            clip_low=config.clip_eps,
+        )
+        return loss, metrics
+
+    def step(carry: _Carry, step_key):
+        k_task, k_act, k_real, k_wm, k_anchor = jax.random.split(step_key, 5)
+        tasks = jax.random.choice(k_task, env_cfg.num_tasks, (b,), replace=False)
+        actions = jax.random.categorical(k_act, carry.logits[tasks], shape=(g, b)).T  # [B, G]
+        quality = env.quality[tasks[:, None], actions]
+        real = simulated.real_reward(k_real, quality, noise=env_cfg.real_noise)
+        pred = simulated.wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec)
+        anchor_groups = jax.random.permutation(k_anchor, b) < n_anchor_groups
+        anchor = jnp.broadcast_to(anchor_groups[:, None], (b, g))
+
+        state = carry.correction
+        if arm == "real":
+            fed, debiased = real, pred
+        elif arm == "wm_naive":
+            fed, debiased = pred, pred
+        else:
+            flat = lambda x: x.reshape(-1)  # noqa: E731
+            fed, state, _ = correction.update(
+                state,
+                flat(pred),
+                jnp.ones(b * g),
+                flat(jnp.where(anchor, real, jnp.nan)),
+                flat(anchor),
+            )
+            fed = fed.reshape(b, g)
+            debiased = correction.debias(state, pred)
+        advantages = jax.vmap(functools.partial(grpo.group_advantages, mode=config.advantage))(fed)
+        grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages)
+        updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
+        logits = optax.apply_updates(carry.logits, updates)
+
+        policy = jax.nn.softmax(carry.logits, axis=-1)
+        error = fed - quality
+        outputs = {
+            "true_reward": jnp.mean(jnp.sum(policy * env.quality, axis=-1)),
+            "executions": jnp.sum(anchor).astype(jnp.float32),
+            "bias": jnp.mean(error),
+            "error_var": jnp.var(error),
+            "anchor_var_real": _masked_var(real - quality, anchor),
+            "anchor_var_debiased": _masked_var(debiased - quality, anchor),
+            "anchor_var_fed": _masked_var(error, anchor),
+            "debiased_bias": jnp.mean(debiased - quality),
+        }
+        return _Carry(logits, opt_state, state), outputs
+
+    carry = _Carry(logits, optimizer.init(logits), correction.init())
+    _, outputs = jax.lax.scan(step, carry, jax.random.split(k_run, config.num_steps))
+    return outputs
+
+
+def run_study(config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
+    """Runs every arm in `config.arms` over `config.num_seeds` seeds.
+
+    Returns:
+      `{arm: {metric: array of shape [num_seeds, num_steps]}}` as numpy.
+    """
+    keys = jax.random.split(jax.random.key(config.seed), config.num_seeds)
+    results = {}
+    for arm in config.arms:
+        # Same seeds for every arm: arms differ only in the rewards they feed.
+        run = jax.jit(jax.vmap(functools.partial(run_arm, config, arm)))
+        results[arm] = {k: np.asarray(v) for k, v in run(keys).items()}
+    return results
+
+
+def _smooth(x: np.ndarray, window: int) -> np.ndarray:
+    if window <= 1:
+        return x
+    kernel = np.ones(window) / window
+    padded = np.concatenate([np.full(window - 1, x[0]), x])
+    return np.convolve(padded, kernel, mode="valid")
+
+
+def _nanmean(x) -> float:
+    x = np.asarray(x, np.float64)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
+
+
+def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
+    """Reduces per-step results to the study's table.
+
+    The target is the final expected true reward of ``real`` (mean over seeds,
+    smoothed over `config.smooth` steps), scaled by `config.target_fraction`
+    of its gain over the start. For each arm: the first step whose smoothed
+    mean curve reaches it and the real executions spent until then.
+    """
+    summary = {}
+    target = None
+    if "real" in results:
+        curve = _smooth(results["real"]["true_reward"].mean(0), config.smooth)
+        target = curve[0] + config.target_fraction * (curve[-1] - curve[0])
+    for arm, out in results.items():
+        seeds = out["true_reward"].shape[0]
+        final = out["true_reward"][:, -config.smooth :].mean(1)
+        curve = _smooth(out["true_reward"].mean(0), config.smooth)
+        executions = np.cumsum(out["executions"].mean(0))
+        quarter = max(1, out["bias"].shape[1] // 4)
+        row = {
+            "final_true_reward": float(final.mean()),
+            "final_true_reward_se": float(final.std(ddof=1) / np.sqrt(seeds)) if seeds > 1 else 0.0,
+            "total_executions": float(executions[-1]),
+            "bias_first_quarter": _nanmean(out["bias"][:, :quarter]),
+            "bias_last_quarter": _nanmean(out["bias"][:, -quarter:]),
+            "abs_bias_last_quarter": float(np.abs(_nanmean(out["bias"][:, -quarter:]))),
+            "error_var": _nanmean(out["error_var"]),
+            "anchor_var_real": _nanmean(out["anchor_var_real"]),
+            "anchor_var_debiased": _nanmean(out["anchor_var_debiased"]),
+            "anchor_var_fed": _nanmean(out["anchor_var_fed"]),
+        }
+        if target is not None:
+            reached = np.nonzero(curve >= target)[0]
+            row["target"] = float(target)
+            row["step_to_target"] = int(reached[0]) if reached.size else None
+            row["executions_to_target"] = float(executions[reached[0]]) if reached.size else None
+        summary[arm] = row
+    real_cost = summary.get("real", {}).get("executions_to_target")
+    for arm, row in summary.items():
+        cost = row.get("executions_to_target")
+        row["execution_ratio_vs_real"] = real_cost / cost if real_cost and cost else None
+        if "real" in results and arm != "real" and row["total_executions"] > 0:
+            # Equal-reward view: what real-execution GRPO spends to first reach
+            # this arm's final reward, against what this arm spent in all.
+            curve = _smooth(results["real"]["true_reward"].mean(0), config.smooth)
+            reached = np.nonzero(curve >= row["final_true_reward"])[0]
+            spent = np.cumsum(results["real"]["executions"].mean(0))
+            same = float(spent[reached[0]]) if reached.size else None
+            row["real_executions_for_same_reward"] = same
+            row["execution_saving_at_same_reward"] = (
+                same / row["total_executions"] if same is not None else None
+            )
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    """A markdown table of the study's headline numbers."""
+
+    def fmt(value, spec=".3f"):
+        if value is None:
+            return "not reached"
+        if isinstance(value, float) and not np.isfinite(value):
+            return "n/a"
+        return format(value, spec)
+
+    lines = [
+        "| arm | final true reward (± s.e.) | executions | bias first → last quarter "
+        "| anchor error var: real / debiased WM / fed | executions to real's final "
+        "| real executions for same reward (saving) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, row in summary.items():
+        same = row.get("real_executions_for_same_reward")
+        saving = row.get("execution_saving_at_same_reward")
+        lines.append(
+            f"| {arm} | {row['final_true_reward']:.3f} ± {row['final_true_reward_se']:.3f} "
+            f"| {row['total_executions']:.0f} "
+            f"| {fmt(row['bias_first_quarter'], '+.3f')} → {fmt(row['bias_last_quarter'], '+.3f')} "
+            f"| {fmt(row['anchor_var_real'], '.4f')} / {fmt(row['anchor_var_debiased'], '.4f')} "
+            f"/ {fmt(row['anchor_var_fed'], '.4f')} "
+            f"| {fmt(row.get('executions_to_target'), '.0f')} "
+            f"| {'—' if same is None and saving is None else fmt(same, '.0f')}"
+            f"{f' ({saving:.1f}×)' if saving else ''} |"
+        )
+    return "\n".join(lines)
