@@ -29,9 +29,7 @@ def run_and_report(config, workdir: str) -> dict:
     table = controlled.format_table(summary)
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    curves = {
-        arm: {k: v.mean(0) for k, v in out.items()} for arm, out in results.items()
-    }
+    curves = {arm: {k: v.mean(0) for k, v in out.items()} for arm, out in results.items()}
     report.write_json(
         workdir / "results.json",
         {"config": config.to_dict(), "summary": summary, "mean_curves": curves},

@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.env.real_noise = 0.1
 
     config.world_model = ml_collections.ConfigDict()
-    config.world_model.offset = 0.3
+    config.world_model.offset = 0.45
     config.world_model.scale = 0.6
     config.world_model.gamma = 3.0
     config.world_model.noise = 0.15

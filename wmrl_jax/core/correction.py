@@ -109,13 +109,16 @@ def _masked_mean(x, mask):
 
 
 def _ranks(x, mask):
-    """Ordinal ranks among valid entries (invalid ones sort last)."""
-    order = jnp.argsort(jnp.where(mask, x, jnp.inf), stable=True)
-    return jnp.zeros(x.shape, jnp.float32).at[order].set(jnp.arange(x.shape[0], dtype=jnp.float32))
+    """Average ranks among valid entries (ties share their mean rank)."""
+    key = jnp.where(mask, x, jnp.inf)
+    ordered = jnp.sort(key)
+    first = jnp.searchsorted(ordered, key, side="left")
+    last = jnp.searchsorted(ordered, key, side="right") - 1
+    return 0.5 * (first + last).astype(jnp.float32)
 
 
 def rank_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
-    """Spearman rank correlation of `x` and `y` over `mask` (ordinal ranks).
+    """Spearman rank correlation of `x` and `y` over `mask` (ties: mean ranks).
 
     Args:
       x: values of shape [n].
@@ -324,7 +327,9 @@ def make_reward_correction(
         # 4. Fuse where a real score exists.
         if ivd:
             fused, _ = fusion.inverse_variance_fuse(
-                jnp.where(usable_pred, debiased, 0.0), var_wm, jnp.where(has_real, real, 0.0),
+                jnp.where(usable_pred, debiased, 0.0),
+                var_wm,
+                jnp.where(has_real, real, 0.0),
                 jnp.where(has_real, var_real, jnp.inf),
             )
             weight_wm = fusion.fusion_weight(var_wm, jnp.where(has_real, var_real, jnp.inf))

@@ -40,7 +40,7 @@ class SimulatedEnv(NamedTuple):
 class WorldModelSpec(NamedTuple):
     """How the simulated WM errs (see the module docstring)."""
 
-    offset: float = 0.3
+    offset: float = 0.45
     scale: float = 0.6
     gamma: float = 3.0
     noise: float = 0.15

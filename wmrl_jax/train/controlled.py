@@ -43,7 +43,9 @@ class _Carry(NamedTuple):
 def _masked_var(x, mask):
     count = jnp.maximum(jnp.sum(mask), 1)
     mean = jnp.sum(jnp.where(mask, x, 0)) / count
-    return jnp.where(jnp.sum(mask) > 1, jnp.sum(jnp.where(mask, (x - mean) ** 2, 0)) / count, jnp.nan)
+    return jnp.where(
+        jnp.sum(mask) > 1, jnp.sum(jnp.where(mask, (x - mean) ** 2, 0)) / count, jnp.nan
+    )
 
 
 def _make_correction(config, arm):
@@ -70,8 +72,9 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
       policy's expected true quality, over all tasks), ``executions``,
       ``bias`` and ``error_var`` (mean and variance of fed reward minus true
       quality), and on anchor samples ``anchor_var_real``,
-      ``anchor_var_debiased``, ``anchor_var_fed``; plus the correction's
-      diagnostics ``sigma2_wm``, ``rank_corr``.
+      ``anchor_var_debiased``, ``anchor_var_fed``; and the mean error of the
+      raw and the debiased WM stream over all samples, ``raw_bias`` and
+      ``debiased_bias``.
     """
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
@@ -148,6 +151,7 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
             "anchor_var_real": _masked_var(real - quality, anchor),
             "anchor_var_debiased": _masked_var(debiased - quality, anchor),
             "anchor_var_fed": _masked_var(error, anchor),
+            "raw_bias": jnp.mean(pred - quality),
             "debiased_bias": jnp.mean(debiased - quality),
         }
         return _Carry(logits, opt_state, state), outputs
@@ -204,6 +208,7 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
         curve = _smooth(out["true_reward"].mean(0), config.smooth)
         executions = np.cumsum(out["executions"].mean(0))
         quarter = max(1, out["bias"].shape[1] // 4)
+        half = out["bias"].shape[1] // 2
         row = {
             "final_true_reward": float(final.mean()),
             "final_true_reward_se": float(final.std(ddof=1) / np.sqrt(seeds)) if seeds > 1 else 0.0,
@@ -215,6 +220,8 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             "anchor_var_real": _nanmean(out["anchor_var_real"]),
             "anchor_var_debiased": _nanmean(out["anchor_var_debiased"]),
             "anchor_var_fed": _nanmean(out["anchor_var_fed"]),
+            "raw_wm_bias_last_half": _nanmean(out["raw_bias"][:, half:]),
+            "debiased_wm_bias_last_half": _nanmean(out["debiased_bias"][:, half:]),
         }
         if target is not None:
             reached = np.nonzero(curve >= target)[0]

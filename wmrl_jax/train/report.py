@@ -31,6 +31,12 @@ def write_json(path: str | pathlib.Path, payload: dict) -> None:
     path.write_text(json.dumps(_jsonable(payload), indent=1, allow_nan=False))
 
 
+def _smooth_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """Mean over seeds (ignoring NaN), then a moving average over steps."""
+    kernel = np.ones(max(1, window)) / max(1, window)
+    return np.convolve(np.nan_to_num(np.nanmean(x, 0)), kernel, mode="valid")
+
+
 def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pathlib.Path) -> None:
     """Plots the controlled study: reward vs step and vs executions, bias, variance.
 
@@ -55,25 +61,33 @@ def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pat
         executions = np.cumsum(out["executions"].mean(0))
         if executions[-1] > 0:
             axes[1].plot(executions, mean, label=arm, color=line.get_color())
-            axes[1].fill_between(executions, mean - se, mean + se, color=line.get_color(), alpha=0.2)
+            axes[1].fill_between(
+                executions, mean - se, mean + se, color=line.get_color(), alpha=0.2
+            )
         axes[2].plot(steps, np.nanmean(out["bias"], 0), label=arm, color=line.get_color())
         if np.isfinite(out["anchor_var_fed"]).any():
-            window = max(1, config.smooth)
-            kernel = np.ones(window) / window
-
-            def smooth(x):
-                return np.convolve(np.nan_to_num(np.nanmean(x, 0)), kernel, mode="valid")
-
-            axes[3].plot(smooth(out["anchor_var_fed"]), color=line.get_color(), label=f"{arm}: fed")
+            axes[3].plot(
+                _smooth_mean(out["anchor_var_fed"], config.smooth),
+                color=line.get_color(),
+                label=f"{arm}: fed",
+            )
             if arm == "wmrl":
-                axes[3].plot(smooth(out["anchor_var_real"]), "k--", label="real stream")
-                axes[3].plot(smooth(out["anchor_var_debiased"]), "k:", label="debiased WM stream")
+                axes[3].plot(
+                    _smooth_mean(out["anchor_var_real"], config.smooth), "k--", label="real stream"
+                )
+                axes[3].plot(
+                    _smooth_mean(out["anchor_var_debiased"], config.smooth),
+                    "k:",
+                    label="debiased WM stream",
+                )
     axes[0].set(xlabel="policy update", ylabel="expected true reward", title="Reward (± s.e.)")
     axes[1].set(xlabel="real executions (cumulative)", xscale="log", title="Reward vs executions")
     axes[2].set(xlabel="policy update", ylabel="mean(fed − true)", title="Bias of fed rewards")
     axes[2].axhline(0, color="grey", lw=0.5)
     axes[3].set(
-        xlabel="policy update", ylabel="error variance", yscale="log",
+        xlabel="policy update",
+        ylabel="error variance",
+        yscale="log",
         title="Variance on anchors (smoothed)",
     )
     for ax in axes:

@@ -1,0 +1,206 @@
+"""Tests for the WMRL reward correction against independent references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+from sklearn.isotonic import IsotonicRegression
+
+from wmrl_jax.core import correction as correction_lib
+
+
+def _step(c, state, pred, real, anchor, **kw):
+    pred = np.asarray(pred, np.float32)
+    real = np.where(anchor, np.asarray(real, np.float32), np.nan)
+    return c.update(state, pred, np.ones_like(pred), real, np.asarray(anchor), **kw)
+
+
+def _sim(rng, n, anchor_frac=0.3, wm_noise=0.05, real_noise=0.05):
+    true = rng.random(n).astype(np.float32)
+    pred = 0.2 + 0.7 * true**2 + wm_noise * rng.normal(size=n)
+    real = true + real_noise * rng.normal(size=n)
+    anchor = rng.random(n) < anchor_frac
+    return true, pred.astype(np.float32), real.astype(np.float32), anchor
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_debiased_rewards_match_sklearn_on_buffer(jit):
+    rng = np.random.default_rng(0)
+    c = correction_lib.make_reward_correction(capacity=64, ivd=False, use_real=False)
+    update = jax.jit(c.update) if jit else c.update
+    state = c.init()
+    preds, reals = [], []
+    for _ in range(4):
+        _, pred, real, anchor = _sim(rng, 40)
+        rewards, state, _ = update(
+            state, pred, np.ones(40, np.float32), np.where(anchor, real, np.nan), anchor
+        )
+        preds.append(pred[anchor])
+        reals.append(real[anchor])
+    ref = IsotonicRegression(out_of_bounds="clip").fit(np.concatenate(preds), np.concatenate(reals))
+    # With ivd and use_real off, every reward is the map applied to the prediction.
+    np.testing.assert_allclose(rewards, ref.predict(pred), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(c.debias(state, pred), ref.predict(pred), rtol=1e-5, atol=1e-5)
+
+
+def test_ring_buffer_keeps_last_capacity_anchors():
+    c = correction_lib.make_reward_correction(capacity=5, ivd=False)
+    state = c.init()
+    seen = []
+    for step in range(3):
+        pred = np.arange(4, dtype=np.float32) + 10 * step
+        anchor = np.array([True, False, True, True])
+        _, state, diag = _step(c, state, pred, pred + 0.5, anchor)
+        seen.extend(pred[anchor].tolist())
+    assert float(diag["buffer_size"]) == 5
+    assert sorted(np.asarray(state.pred)[np.asarray(state.valid)].tolist()) == sorted(seen[-5:])
+    # More new anchors than slots in one step: the last `capacity` win.
+    _, state, _ = _step(c, state, np.arange(8.0) + 100, np.arange(8.0), np.ones(8, bool))
+    assert sorted(np.asarray(state.pred).tolist()) == [103.0, 104.0, 105.0, 106.0, 107.0]
+
+
+def test_decay_weights_older_anchors():
+    c = correction_lib.make_reward_correction(capacity=8, decay=0.5)
+    state = c.init()
+    for _ in range(3):
+        _, state, _ = _step(c, state, [0.0, 1.0], [0.0, 1.0], np.array([True, False]))
+    w = np.sort(np.asarray(state.weight)[np.asarray(state.valid)])
+    np.testing.assert_allclose(w, [0.25, 0.5, 1.0])
+
+
+def test_ivd_matches_float64_fusion_reference():
+    rng = np.random.default_rng(1)
+    c = correction_lib.make_reward_correction(capacity=256, real_var_prior=0.01, min_anchors=4)
+    state = c.init()
+    for _ in range(6):
+        _, pred, real, anchor = _sim(rng, 50)
+        rewards, state, diag = _step(c, state, pred, real, anchor)
+    debiased = np.asarray(c.debias(state, pred), np.float64)
+    var_wm, var_real = float(diag["sigma2_wm"]), float(diag["sigma2_real"])
+    expected = np.where(
+        anchor,
+        (debiased / var_wm + real / var_real) / (1 / var_wm + 1 / var_real),
+        debiased,
+    )
+    np.testing.assert_allclose(rewards, expected, rtol=1e-5, atol=1e-6)
+    w = float(diag["fused_weight_wm"])
+    np.testing.assert_allclose(w, var_real / (var_wm + var_real), rtol=1e-5)
+
+
+def test_ivd_off_uses_real_scores_on_anchors():
+    rng = np.random.default_rng(2)
+    c = correction_lib.make_reward_correction(capacity=64, ivd=False, min_anchors=1)
+    _, pred, real, anchor = _sim(rng, 30)
+    rewards, state, _ = _step(c, c.init(), pred, real, anchor)
+    np.testing.assert_allclose(np.asarray(rewards)[anchor], real[anchor], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(rewards)[~anchor], np.asarray(c.debias(state, pred))[~anchor], rtol=1e-6
+    )
+
+
+def test_debias_off_passes_predictions_through():
+    rng = np.random.default_rng(3)
+    c = correction_lib.make_reward_correction(debias=False, ivd=False, use_real=False)
+    _, pred, real, anchor = _sim(rng, 30)
+    rewards, _, _ = _step(c, c.init(), pred, real, anchor)
+    np.testing.assert_array_equal(rewards, pred)
+
+
+def test_min_anchors_gates_the_map():
+    c = correction_lib.make_reward_correction(min_anchors=10, ivd=False, use_real=False)
+    pred = np.linspace(0, 1, 6, dtype=np.float32)
+    rewards, state, _ = _step(c, c.init(), pred, pred * 0 + 0.5, np.ones(6, bool))
+    np.testing.assert_array_equal(rewards, pred)  # 6 < 10 anchors: identity.
+    rewards, state, _ = _step(c, state, pred, pred * 0 + 0.5, np.ones(6, bool))
+    np.testing.assert_allclose(rewards, 0.5, rtol=1e-6)  # 12 anchors: the map (constant).
+
+
+def test_bad_inputs_never_give_nan_rewards():
+    c = correction_lib.make_reward_correction(capacity=16, min_anchors=1)
+    pred = np.array([0.2, np.nan, 0.7, np.nan, 0.5], np.float32)
+    var = np.array([1.0, 1.0, np.inf, np.inf, 1.0], np.float32)
+    real = np.array([0.3, 0.9, np.nan, np.nan, np.nan], np.float32)
+    anchor = np.array([True, True, True, False, False])
+    rewards, state, diag = c.update(c.init(), pred, var, real, anchor)
+    rewards = np.asarray(rewards)
+    assert np.isfinite(rewards).all()
+    # NaN real on an anchor: not an anchor. Unparseable prediction with a real
+    # score: the real score. Neither: the buffer's mean real reward.
+    assert float(diag["n_anchors"]) == 1
+    np.testing.assert_allclose(rewards[1], 0.9, rtol=1e-6)
+    np.testing.assert_allclose(rewards[3], 0.3, rtol=1e-6)
+    assert float(diag["n_unusable"]) == 2  # slots 2 and 3 (slot 2: inf var, NaN real)
+
+
+def test_sigma2_real_from_replicates_and_prior():
+    c = correction_lib.make_reward_correction(real_var_prior=0.5, real_var_prior_count=2.0)
+    real = np.array([1.0, 2.0, 0.0], np.float32)
+    rep = np.array([3.0, 2.0, np.nan], np.float32)
+    rewards, state, diag = c.update(
+        c.init(), real, np.ones(3), real, np.ones(3, bool), real_replicate=rep
+    )
+    # Pairs: (1,3) -> 2.0, (2,2) -> 0.0; shrunk: (2.0 + 0.0 + 2 * 0.5) / (2 + 2).
+    np.testing.assert_allclose(float(diag["sigma2_real"]), 0.75, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.real)[:3], [2.0, 2.0, 0.0])
+
+
+def test_variance_estimates_track_the_truth():
+    rng = np.random.default_rng(4)
+    wm_noise, real_noise = 0.08, 0.05
+    c = correction_lib.make_reward_correction(
+        capacity=512, real_var_prior=real_noise**2, real_var_prior_count=1e6
+    )
+    update = jax.jit(c.update)
+    state = c.init()
+    for _ in range(40):
+        true = rng.random(64).astype(np.float32)
+        pred = (true + wm_noise * rng.normal(size=64)).astype(np.float32)  # Unbiased WM.
+        real = (true + real_noise * rng.normal(size=64)).astype(np.float32)
+        anchor = rng.random(64) < 0.3
+        _, state, diag = update(state, pred, np.ones(64), np.where(anchor, real, np.nan), anchor)
+    # The map is learned from noisy anchors, so residuals carry some fit error:
+    # 35% relative tolerance on a variance estimated from ~700 residuals.
+    np.testing.assert_allclose(float(diag["sigma2_wm"]), wm_noise**2, rtol=0.35)
+    assert float(diag["rank_corr"]) > 0.9
+    assert update._cache_size() == 1
+
+
+def test_rank_correlation_matches_scipy():
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 6, size=30).astype(float), rng.normal(size=30)  # With ties.
+    mask = rng.random(30) < 0.7
+    got = float(correction_lib.rank_correlation(jnp.asarray(x), jnp.asarray(y), jnp.asarray(mask)))
+    np.testing.assert_allclose(got, scipy.stats.spearmanr(x[mask], y[mask])[0], rtol=1e-5)
+    assert np.isnan(
+        float(correction_lib.rank_correlation(jnp.ones(3), jnp.ones(3), jnp.ones(3, bool)))
+    )
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="capacity"):
+        correction_lib.make_reward_correction(capacity=0)
+    with pytest.raises(ValueError, match="wm_var"):
+        correction_lib.make_reward_correction(wm_var="bogus")
+    with pytest.raises(ValueError, match="decay"):
+        correction_lib.make_reward_correction(decay=0.0)
+    c = correction_lib.make_reward_correction()
+    with pytest.raises(ValueError, match="same shape"):
+        c.update(c.init(), np.zeros(3), np.zeros(2), np.zeros(3), np.ones(3, bool))
+    with pytest.raises(ValueError, match="same shape"):
+        c.update(c.init(), np.zeros((2, 3)), np.zeros(3), np.zeros(3), np.ones(3, bool))
+
+
+def test_per_sample_wm_variance_scales_with_prediction_variance():
+    c = correction_lib.make_reward_correction(wm_var="per_sample", min_anchors=1)
+    state = c.init()
+    rng = np.random.default_rng(6)
+    for _ in range(5):
+        _, pred, real, anchor = _sim(rng, 40)
+        state = c.update(state, pred, np.ones(40), np.where(anchor, real, np.nan), anchor)[1]
+    pred = np.array([0.5, 0.5], np.float32)
+    real = np.array([0.9, 0.9], np.float32)
+    rewards, _, _ = c.update(state, pred, np.array([0.1, 10.0]), real, np.ones(2, bool))
+    # The sample whose WM is more confident stays closer to the WM's value.
+    debiased = float(c.debias(state, pred)[0])
+    assert abs(float(rewards[0]) - debiased) < abs(float(rewards[1]) - debiased)
