@@ -11,7 +11,12 @@
 // Sums are accumulated in double whatever the buffer type.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -82,10 +87,15 @@ using ItemFor = std::conditional_t<sizeof(T) == 4, PackedItem, PairItem>;
 
 // Sorts `items` by key: LSD radix (8-bit digits for small inputs, 11-bit for
 // large ones) with all digit histograms counted in one pass, skipping digits
-// that are equal for every item; insertion sort for tiny inputs.
+// that are equal for every item; insertion sort for tiny inputs. 64-bit keys
+// are radix-sorted on their top 32 bits only (sign, exponent and 20 mantissa
+// bits of a double), then runs that share those bits are finished by
+// comparison sort: for continuous data such runs are short, and it halves
+// the number of passes.
 template <typename Item>
 void SortByKey(std::vector<Item>& items, std::vector<Item>& scratch) {
   const size_t m = items.size();
+  auto less = [](const Item& a, const Item& b) { return a.key() < b.key(); };
   if (m < 32) {
     for (size_t i = 1; i < m; ++i) {
       Item v = items[i];
@@ -97,19 +107,20 @@ void SortByKey(std::vector<Item>& items, std::vector<Item>& scratch) {
   }
   using Key = decltype(items[0].key());
   constexpr int kKeyBits = 8 * sizeof(Key);
+  constexpr int kLowBits = kKeyBits > 32 ? kKeyBits - 32 : 0;  // Left to the fix-up.
   const int bits = m < 65536 ? 8 : 11;
   const size_t buckets = size_t{1} << bits;
-  const int passes = (kKeyBits + bits - 1) / bits;
+  const int passes = (kKeyBits - kLowBits + bits - 1) / bits;
   thread_local std::vector<size_t> count;
   count.assign(buckets * passes, 0);
   for (const auto& it : items) {
-    const Key key = it.key();
+    const Key key = it.key() >> kLowBits;
     for (int p = 0; p < passes; ++p) ++count[p * buckets + ((key >> (p * bits)) & (buckets - 1))];
   }
   scratch.resize(m);
   for (int p = 0; p < passes; ++p) {
     size_t* c = &count[p * buckets];
-    const int shift = p * bits;
+    const int shift = kLowBits + p * bits;
     if (c[(items[0].key() >> shift) & (buckets - 1)] == m) continue;
     size_t offset = 0;
     for (size_t b = 0; b < buckets; ++b) {
@@ -120,6 +131,51 @@ void SortByKey(std::vector<Item>& items, std::vector<Item>& scratch) {
     for (const auto& it : items) scratch[c[(it.key() >> shift) & (buckets - 1)]++] = it;
     items.swap(scratch);
   }
+  if constexpr (kLowBits > 0) {
+    for (size_t start = 0; start < m;) {
+      size_t end = start + 1;
+      while (end < m && (items[end].key() >> kLowBits) == (items[start].key() >> kLowBits)) ++end;
+      if (end - start > 1) std::sort(items.begin() + start, items.begin() + end, less);
+      start = end;
+    }
+  }
+}
+
+// Runs fn(begin_row, end_row) over [0, rows) on XLA's CPU thread pool. The
+// calling thread takes chunks too and only waits for chunks other threads
+// have already claimed, so it never blocks on work a busy pool has not
+// started; late tasks find no chunk left and touch nothing but `Shared`.
+void ParallelRows(ffi::ThreadPool& pool, int64_t rows, int64_t cost_per_row,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t threads = std::max<int64_t>(pool.num_threads(), 1);
+  if (threads == 1 || rows < 2 || rows * cost_per_row < (int64_t{1} << 15)) {
+    fn(0, rows);
+    return;
+  }
+  struct Shared {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t chunks = 0, rows = 0;
+    const std::function<void(int64_t, int64_t)>* fn = nullptr;
+    std::mutex mutex;
+    std::condition_variable finished;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->chunks = std::min<int64_t>(rows, 4 * (threads + 1));
+  shared->rows = rows;
+  shared->fn = &fn;
+  auto work = [](const std::shared_ptr<Shared>& sh) {
+    for (int64_t c; (c = sh->next.fetch_add(1)) < sh->chunks;) {
+      (*sh->fn)(c * sh->rows / sh->chunks, (c + 1) * sh->rows / sh->chunks);
+      if (sh->done.fetch_add(1) + 1 == sh->chunks) {
+        std::lock_guard<std::mutex> lock(sh->mutex);
+        sh->finished.notify_all();
+      }
+    }
+  };
+  for (int64_t t = 0; t < threads; ++t) pool.Schedule([shared, work] { work(shared); });
+  work(shared);
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  shared->finished.wait(lock, [&] { return shared->done.load() == shared->chunks; });
 }
 
 // Workspace reused across rows and calls (one per thread).
@@ -259,25 +315,27 @@ int64_t Rows(const ffi::AnyBuffer& b, int64_t* last) {
 }
 
 template <typename T>
-ffi::Error FitTyped(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer w,
+ffi::Error FitTyped(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer w,
                     ffi::Result<ffi::AnyBuffer> kx, ffi::Result<ffi::AnyBuffer> ky,
                     ffi::Result<ffi::AnyBuffer> nk, bool increasing) {
   int64_t n;
   const int64_t rows = Rows(x, &n);
-  // Reused across calls: fresh large allocations would page-fault on every
-  // call, which costs more than the fit itself at n >= 1e5.
-  thread_local FitWorkspace<T> ws;
   int32_t* counts = nk->typed_data<int32_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    counts[r] = static_cast<int32_t>(
-        FitRow<T>(x.typed_data<T>() + r * n, y.typed_data<T>() + r * n,
-                  w.typed_data<T>() + r * n, n, increasing, kx->typed_data<T>() + r * n,
-                  ky->typed_data<T>() + r * n, ws));
-  }
+  ParallelRows(pool, rows, n, [&](int64_t begin, int64_t end) {
+    // Reused across calls: fresh large allocations would page-fault on every
+    // call, which costs more than the fit itself at n >= 1e5.
+    thread_local FitWorkspace<T> ws;
+    for (int64_t r = begin; r < end; ++r) {
+      counts[r] = static_cast<int32_t>(
+          FitRow<T>(x.typed_data<T>() + r * n, y.typed_data<T>() + r * n,
+                    w.typed_data<T>() + r * n, n, increasing, kx->typed_data<T>() + r * n,
+                    ky->typed_data<T>() + r * n, ws));
+    }
+  });
   return ffi::Error::Success();
 }
 
-ffi::Error FitImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer w,
+ffi::Error FitImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer w,
                    ffi::Result<ffi::AnyBuffer> kx, ffi::Result<ffi::AnyBuffer> ky,
                    ffi::Result<ffi::AnyBuffer> nk, bool increasing) {
   if (x.element_count() != y.element_count() || x.element_count() != w.element_count() ||
@@ -286,39 +344,41 @@ ffi::Error FitImpl(ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer w,
   }
   switch (x.element_type()) {
     case ffi::DataType::F32:
-      return FitTyped<float>(x, y, w, kx, ky, nk, increasing);
+      return FitTyped<float>(pool, x, y, w, kx, ky, nk, increasing);
     case ffi::DataType::F64:
-      return FitTyped<double>(x, y, w, kx, ky, nk, increasing);
+      return FitTyped<double>(pool, x, y, w, kx, ky, nk, increasing);
     default:
       return ffi::Error::InvalidArgument("isotonic_fit: only float32 and float64 are supported");
   }
 }
 
 template <typename T>
-ffi::Error PredictTyped(ffi::AnyBuffer kx, ffi::AnyBuffer ky, ffi::AnyBuffer nk,
-                        ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error PredictTyped(ffi::ThreadPool pool, ffi::AnyBuffer kx, ffi::AnyBuffer ky,
+                        ffi::AnyBuffer nk, ffi::AnyBuffer t, ffi::Result<ffi::AnyBuffer> out) {
   int64_t n, m;
   const int64_t rows = Rows(kx, &n);
   Rows(t, &m);
-  thread_local std::vector<ItemFor<T>> order, scratch;
   const int32_t* counts = nk.typed_data<int32_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    PredictRow<T>(kx.typed_data<T>() + r * n, ky.typed_data<T>() + r * n, counts[r],
-                  t.typed_data<T>() + r * m, m, out->typed_data<T>() + r * m, order, scratch);
-  }
+  ParallelRows(pool, rows, m, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<ItemFor<T>> order, scratch;
+    for (int64_t r = begin; r < end; ++r) {
+      PredictRow<T>(kx.typed_data<T>() + r * n, ky.typed_data<T>() + r * n, counts[r],
+                    t.typed_data<T>() + r * m, m, out->typed_data<T>() + r * m, order, scratch);
+    }
+  });
   return ffi::Error::Success();
 }
 
-ffi::Error PredictImpl(ffi::AnyBuffer kx, ffi::AnyBuffer ky, ffi::AnyBuffer nk, ffi::AnyBuffer t,
+ffi::Error PredictImpl(ffi::ThreadPool pool, ffi::AnyBuffer kx, ffi::AnyBuffer ky, ffi::AnyBuffer nk, ffi::AnyBuffer t,
                        ffi::Result<ffi::AnyBuffer> out) {
   if (kx.element_type() != t.element_type() || ky.element_type() != t.element_type()) {
     return ffi::Error::InvalidArgument("isotonic_predict: knots and queries must share a dtype");
   }
   switch (t.element_type()) {
     case ffi::DataType::F32:
-      return PredictTyped<float>(kx, ky, nk, t, out);
+      return PredictTyped<float>(pool, kx, ky, nk, t, out);
     case ffi::DataType::F64:
-      return PredictTyped<double>(kx, ky, nk, t, out);
+      return PredictTyped<double>(pool, kx, ky, nk, t, out);
     default:
       return ffi::Error::InvalidArgument(
           "isotonic_predict: only float32 and float64 are supported");
@@ -329,6 +389,7 @@ ffi::Error PredictImpl(ffi::AnyBuffer kx, ffi::AnyBuffer ky, ffi::AnyBuffer nk, 
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WmrlIsotonicFit, FitImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
@@ -339,6 +400,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(WmrlIsotonicFit, FitImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(WmrlIsotonicPredict, PredictImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
