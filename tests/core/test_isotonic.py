@@ -266,8 +266,8 @@ def problems(draw, *, lengths, width):
 
     Grid values (integer multiples of 0.25, 1 or 3) and `width`-bit floats are
     exact in the tested dtype, so scikit-learn sees the same inputs in float64,
-    and distinct x are far apart (scikit-learn would merge x closer than the
-    dtype's resolution; the module only merges exact ties).
+    and distinct x are far apart, so exact ties are the only ties (near ties
+    within the dtype's resolution are tested on their own).
     """
     n = draw(st.sampled_from(lengths))
     span = draw(st.sampled_from([0, 1, 3, 10, 1000]))  # span 0: one distinct x.
@@ -666,3 +666,25 @@ assert jax.jit(isotonic_predict)(fit, jnp.array([1.5])).tolist() == [1.25]
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_near_ties_follow_sklearn_resolution_rule(backend):
+    # Points closer than float32's resolution (1e-6) to a group's first point
+    # join that group; scikit-learn pools them the same way.
+    x = np.array([0.0, 5e-7, 9e-7, 1.2e-6, 2e-6, 2.05e-6, 0.5, 0.5 + 4e-7], np.float32)
+    y = np.array([3.0, 1.0, 2.0, 0.5, 4.0, 0.0, 1.0, 2.0], np.float32)
+    perm = np.random.default_rng(0).permutation(x.size)
+    x, y = x[perm], y[perm]
+    queries = np.linspace(-0.1, 0.6, 29).astype(np.float32)
+    ref = IsotonicRegression(out_of_bounds="clip").fit(x, y)
+    fit = isotonic_fit(jnp.asarray(x), jnp.asarray(y), backend=backend)
+    # Groups {0, 5e-7, 9e-7}, {1.2e-6, 2e-6, 2.05e-6}, {0.5, 0.5 + 4e-7}.
+    assert int(fit.n_knots) == 3
+    np.testing.assert_array_equal(fit.x[:3], np.float32([0.0, 1.2e-6, 0.5]))
+    np.testing.assert_allclose(
+        isotonic_predict(fit, jnp.asarray(queries), backend=backend),
+        ref.predict(queries),
+        rtol=1e-5,
+        atol=1e-6,
+    )

@@ -11,10 +11,11 @@ between knots, clipping outside the fitted range. Together they reproduce
     sklearn.isotonic.IsotonicRegression(increasing=..., out_of_bounds="clip")
         .fit(x, y, sample_weight=weights).predict(x_new)
 
-for unsorted `x`, ties in `x` (pooled by weighted mean), zero weights, and the
-decreasing direction. The one deliberate difference: scikit-learn also merges
-`x` values closer than the dtype's resolution; here only exactly equal `x`
-values are ties.
+for unsorted `x`, ties in `x`, zero weights, and the decreasing direction.
+Ties follow scikit-learn's rule exactly: after sorting, a point joins the
+current group while it lies less than the dtype's resolution (1e-6 in
+float32, 1e-15 in float64) above the group's first point; a group is pooled
+by weighted mean and placed at its first point.
 
 Everything has fixed shapes so the online anchor buffer can be fitted under
 `jax.jit`: a buffer of `n` slots with a `mask` of valid entries compiles once.
@@ -182,7 +183,16 @@ def _fit_xla(x, y, w, increasing):
     order = jnp.argsort(jnp.where(valid, x, jnp.inf), stable=True)
     xs, ws, vs = x[order], jnp.where(valid, w, 0)[order], valid[order]
     ys = jnp.where(vs, sign * y[order], 0)
-    first = vs & jnp.concatenate([jnp.ones(1, bool), xs[1:] != xs[:-1]])
+    # scikit-learn's tie rule: a point joins the current group while it lies
+    # less than the dtype's resolution above the group's first point.
+    resolution = jnp.asarray(jnp.finfo(x.dtype).resolution, x.dtype)
+
+    def group_start(start, xi):
+        new = xi - start >= resolution
+        return jnp.where(new, xi, start), new
+
+    _, new = lax.scan(group_start, xs[0], xs)
+    first = vs & new.at[0].set(True)
     n_groups = jnp.sum(first, dtype=jnp.int32)
     gid = jnp.where(vs, jnp.cumsum(first, dtype=jnp.int32) - 1, n)
     gwy = jnp.zeros_like(ys).at[gid].add(ws * ys, mode="drop")
@@ -217,7 +227,8 @@ def isotonic_fit(
     """Fits a weighted isotonic regression of `y` on `x` (one problem).
 
     Args:
-      x: inputs of shape [n], in any order; ties are pooled by weighted mean.
+      x: inputs of shape [n], in any order; ties (see the module docstring)
+        are pooled by weighted mean.
       y: targets of shape [n].
       weights: non-negative sample weights of shape [n] (default: ones).
         Entries with weight <= 0 are ignored, as in scikit-learn.

@@ -2,8 +2,8 @@
 // typed FFI (no host round trip: they run on the CPU device's own buffers).
 //
 // IsotonicFit: per row of [..., n] inputs, sort the valid points by x
-// (LSD radix on an order-preserving integer key), pool exact ties by weighted
-// mean, run weighted pool-adjacent-violators, and write the knots of the
+// (LSD radix on an order-preserving integer key), pool ties by weighted mean
+// (scikit-learn's rule: within the dtype's resolution of a group's first x), run weighted pool-adjacent-violators, and write the knots of the
 // fitted piecewise-linear map. IsotonicPredict evaluates those knots with
 // clipping and linear interpolation, as scikit-learn's
 // IsotonicRegression(out_of_bounds="clip").predict does.
@@ -208,7 +208,7 @@ int64_t FitRow(const T* x, const T* y, const T* w, int64_t n, bool increasing, T
     std::fill(knot_y, knot_y + n, T(0));
     return 0;
   }
-  // One pass: pool exact ties in x by weighted mean into a group, and push
+  // One pass: pool ties in x by weighted mean into a group, and push
   // each completed group onto a stack of PAV blocks, merging the top blocks
   // while they violate monotonicity. Each group is pushed once and each merge
   // pops a block, so the pass is O(m). Ties must be pooled before the push:
@@ -231,13 +231,19 @@ int64_t FitRow(const T* x, const T* y, const T* w, int64_t n, bool increasing, T
       --top;
     }
   };
+  // scikit-learn's tie rule: a point joins the current group while it lies
+  // less than the dtype's resolution (1e-6 / 1e-15) above the group's first
+  // point, which is the group's knot.
+  const T resolution = sizeof(T) == 4 ? T(1e-6) : T(1e-15);
+  T group_x = 0;
   for (int64_t j = 0; j < m; ++j) {
     const auto& it = ws.order[j];
-    if (j > 0 && it.k != ws.order[j - 1].k) {
+    const T xj = FromSortKey(it.k);
+    if (j > 0 && xj - group_x >= resolution) {
       push();
       gwy = gw = 0;
     }
-    if (gw == 0) knot_x[g] = FromSortKey(it.k);
+    if (gw == 0) knot_x[g] = group_x = xj;
     const double wi = static_cast<double>(it.w);
     gwy += wi * sign * static_cast<double>(it.y);
     gw += wi;
