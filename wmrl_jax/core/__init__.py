@@ -1,0 +1,44 @@
+"""Pure functions on arrays: GRPO loss, isotonic fit, fusion, reward correction.
+
+Nothing here does I/O or knows about models, sandboxes or files; everything is
+jit- and vmap-able.
+"""
+
+from wmrl_jax.core.correction import (
+    CorrectionState,
+    RewardCorrection,
+    make_reward_correction,
+    rank_correlation,
+)
+from wmrl_jax.core.fusion import fusion_weight, inverse_variance_fuse
+from wmrl_jax.core.grpo import (
+    aggregate,
+    clipped_surrogate,
+    group_advantages,
+    grpo_loss,
+    importance_ratio,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+)
+from wmrl_jax.core.isotonic import IsotonicFit, isotonic_fit, isotonic_predict
+
+__all__ = [
+    "CorrectionState",
+    "IsotonicFit",
+    "RewardCorrection",
+    "aggregate",
+    "clipped_surrogate",
+    "fusion_weight",
+    "group_advantages",
+    "grpo_loss",
+    "importance_ratio",
+    "inverse_variance_fuse",
+    "isotonic_fit",
+    "isotonic_predict",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "make_reward_correction",
+    "rank_correlation",
+]

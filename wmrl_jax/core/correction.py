@@ -45,6 +45,7 @@ they exist if ``use_real``, otherwise they are ignored).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -97,9 +98,9 @@ class RewardCorrection(NamedTuple):
         than `min_anchors` anchors were seen), i.e. the WM-only reward stream.
     """
 
-    init: callable
-    update: callable
-    debias: callable
+    init: Callable[[], CorrectionState]
+    update: Callable[..., tuple[jax.Array, CorrectionState, dict[str, jax.Array]]]
+    debias: Callable[[CorrectionState, jax.Array], jax.Array]
 
 
 def _masked_mean(x, mask):

@@ -126,13 +126,12 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         elif arm == "wm_naive":
             fed, debiased = pred, pred
         else:
-            flat = lambda x: x.reshape(-1)  # noqa: E731
             fed, state, _ = correction.update(
                 state,
-                flat(pred),
+                pred.reshape(-1),
                 jnp.ones(b * g),
-                flat(jnp.where(anchor, real, jnp.nan)),
-                flat(anchor),
+                jnp.where(anchor, real, jnp.nan).reshape(-1),
+                anchor.reshape(-1),
             )
             fed = fed.reshape(b, g)
             debiased = correction.debias(state, pred)
