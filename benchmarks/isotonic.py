@@ -464,7 +464,6 @@ def evaluate(runs: dict) -> dict:
                     compile_native=compile_ms(row, "ours_native"),
                     compile_xla=compile_ms(row, "ours_xla"),
                     agree_sklearn=worst_rel(row, ""),
-                    agree_sklearn_f64=worst_rel(row, "_f64"),
                 ),
             )
             singles.append(row)
@@ -483,7 +482,6 @@ def evaluate(runs: dict) -> dict:
                     compile_native=compile_ms(row, "ours_native"),
                     compile_xla=compile_ms(row, "ours_xla"),
                     agree_sklearn=worst_rel(row, ""),
-                    agree_sklearn_f64=worst_rel(row, "_f64"),
                 ),
             )
             batches.append(row)
@@ -652,6 +650,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2)
+    failed = [d for d, run in runs.items() if "error" in run]
+    if failed:
+        sys.exit(f"benchmark runs failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
