@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench engine sandbox-image clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ test: $(STAMP) lint
 bench: $(STAMP)
 	$(PY) -m benchmarks.isotonic --json outputs/bench/isotonic.json
 	$(PY) -m benchmarks.fusion --json outputs/bench/fusion.json
+	$(PY) -m benchmarks.sandbox --json outputs/bench/sandbox.json
+
+engine:
+	launch/docker_engine.sh start
+
+sandbox-image: $(STAMP)
+	$(PY) -m wmrl_jax.sandbox.image
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .hypothesis

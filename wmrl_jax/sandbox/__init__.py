@@ -1,0 +1,60 @@
+"""The execution bridge: run programs in a sandbox, get `ExecutionResult`s back.
+
+    from wmrl_jax.sandbox import DockerExecutor, ExecutorPool, LocalExecutor
+
+`DockerExecutor` is the real backend (one locked-down container per program;
+image from `python -m wmrl_jax.sandbox.image`); `LocalExecutor` is the
+embedded fallback (subprocess + rlimits, network NOT isolated);
+`make_executor()` picks Docker when an engine and the image are there.
+Nothing here imports JAX.
+"""
+
+import logging
+
+from wmrl_jax.sandbox.docker_backend import DockerExecutor
+from wmrl_jax.sandbox.local import LocalExecutor, WeakIsolationWarning
+from wmrl_jax.sandbox.pool import ExecutorPool, input_digest, program_digest
+from wmrl_jax.sandbox.result import (
+    STATUSES,
+    ExecutionResult,
+    Executor,
+    InfraError,
+    Limits,
+)
+
+__all__ = [
+    "STATUSES",
+    "DockerExecutor",
+    "ExecutionResult",
+    "Executor",
+    "ExecutorPool",
+    "InfraError",
+    "Limits",
+    "LocalExecutor",
+    "WeakIsolationWarning",
+    "build_image",
+    "default_image",
+    "input_digest",
+    "make_executor",
+    "program_digest",
+]
+
+
+def __getattr__(name):
+    # Lazy, so that `python -m wmrl_jax.sandbox.image` runs a module not yet imported.
+    if name in ("build_image", "default_image"):
+        from wmrl_jax.sandbox import image
+
+        return getattr(image, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_executor(image: str | None = None, **kwargs) -> Executor:
+    """`DockerExecutor(image, **kwargs)` when possible, else `LocalExecutor(**kwargs)`."""
+    try:
+        return DockerExecutor(image, **kwargs)
+    except InfraError as e:
+        logging.getLogger(__name__).warning("falling back to LocalExecutor: %s", e)
+        kwargs.pop("client", None)
+        kwargs.pop("api_timeout_s", None)
+        return LocalExecutor(**kwargs)

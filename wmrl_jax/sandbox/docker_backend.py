@@ -1,0 +1,419 @@
+"""DockerExecutor: one locked-down container per program.
+
+Each run creates a container from the sandbox image with no network (only a
+loopback interface), memory = memory+swap cap, a pids limit, a CPU quota, a
+read-only root filesystem, size-capped tmpfs for /tmp and the work dir
+/work, user nobody (65534), all capabilities dropped, no-new-privileges and
+an init process. The container's main process only sleeps; the program runs
+through an exec so that its output files can be read from the tmpfs work dir
+after it exits. The host enforces the wall-clock timeout, and the container is
+always removed (force), also when the caller is interrupted.
+
+The program and its extra files are mounted read-only at /sandbox and copied
+into /work; the input dir is mounted read-only at /work/input (a readable copy
+is mounted instead when the unprivileged user could not read it). Bind mounts
+name paths on the engine's machine, so a remote engine (DOCKER_HOST) needs
+them on a shared filesystem. An exit code above 128 is read as a signal.
+"""
+
+import io
+import logging
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+
+from wmrl_jax.sandbox.result import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    PROGRAM_NAME,
+    BaseExecutor,
+    ExecutionResult,
+    InfraError,
+    Limits,
+    TailBuffer,
+    check_files,
+    check_input_dir,
+    infra_error,
+)
+
+log = logging.getLogger(__name__)
+
+WORK_DIR = "/work"
+CODE_DIR = "/sandbox"  # the program and its files, mounted read-only, copied into /work
+# Copying into the tmpfs work dir (the root filesystem is read-only, so the
+# engine cannot put files there before the start) costs a few milliseconds.
+# Once the program exits, `kill -9 -1` (as the program's uid, which the
+# container's sleeping main process does not share) ends every process it left.
+COMMAND = (
+    f"cp -R {CODE_DIR}/. . && mkdir -p {OUTPUT_NAME} || exit 125; "
+    f"python3 {PROGRAM_NAME}; code=$?; kill -9 -1 2>/dev/null; exit $code"
+)
+USER = 65534  # nobody in Debian: the program's user
+KEEPER_USER = 65533  # the container's main process (it only sleeps)
+LABEL = "wmrl-sandbox"
+ENGINE_HINT = (
+    "start an engine (launch/docker_engine.sh start), point DOCKER_HOST at one, "
+    "or use LocalExecutor"
+)
+
+
+def _world_readable(root: str) -> bool:
+    """Whether the container's unprivileged user can read every file under `root`."""
+    for dirpath, _, filenames in os.walk(root):
+        if os.stat(dirpath).st_mode & (stat.S_IROTH | stat.S_IXOTH) != (
+            stat.S_IROTH | stat.S_IXOTH
+        ):
+            return False
+        for name in filenames:
+            if not os.stat(os.path.join(dirpath, name)).st_mode & stat.S_IROTH:
+                return False
+    return True
+
+
+def _readable_input(input_dir, staging: str) -> str | None:
+    """`input_dir` itself when world-readable (mounted as is), else a readable copy."""
+    if input_dir is None:
+        return None
+    if _world_readable(input_dir):
+        return os.path.abspath(input_dir)
+    target = os.path.join(staging, "input")
+    shutil.copytree(input_dir, target, symlinks=False)
+    for dirpath, _, filenames in os.walk(target):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    return target
+
+
+def _cgroup_file(container_id: str, names: tuple[str, ...]) -> str | None:
+    """First readable cgroup file of the container on this host (v1 cgroupfs/systemd, v2)."""
+    for base in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope"):
+        for name in names:
+            for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpuacct"):
+                path = os.path.join(root, base, name)
+                try:
+                    with open(path) as f:
+                        return f.read()
+                except OSError:
+                    continue
+    return None
+
+
+def _cgroup_stats(container_id: str) -> tuple[float | None, int | None, int]:
+    """(cpu seconds, peak memory bytes, OOM kills) where the engine is local, else Nones."""
+    cpu = peak = None
+    oom_kills = 0
+    if (text := _cgroup_file(container_id, ("cpuacct.usage",))) is not None:
+        cpu = int(text) / 1e9
+    elif (text := _cgroup_file(container_id, ("cpu.stat",))) is not None:
+        usage = dict(line.split() for line in text.splitlines() if line)
+        cpu = int(usage.get("usage_usec", 0)) / 1e6
+    if (
+        text := _cgroup_file(container_id, ("memory.max_usage_in_bytes", "memory.peak"))
+    ) is not None:
+        peak = int(text)
+    if (text := _cgroup_file(container_id, ("memory.oom_control", "memory.events"))) is not None:
+        fields = dict(line.split() for line in text.splitlines() if line)
+        oom_kills = int(fields.get("oom_kill", 0))
+    return cpu, peak, oom_kills
+
+
+def _write_code(root: str, entries: dict[str, bytes]) -> None:
+    """The program and its files, readable by the container's unprivileged user."""
+    os.chmod(root, 0o755)
+    for name, data in entries.items():
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o644)
+
+
+def _untar_outputs(chunks, max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
+    """Regular files of the `output` archive (links never followed), capped at `max_bytes`."""
+    buf = io.BytesIO()
+    for chunk in chunks:
+        buf.write(chunk)
+        if buf.tell() > 2 * max_bytes + (1 << 20):
+            return {}, [f"all (archive over {max_bytes} bytes)"]
+    buf.seek(0)
+    files, dropped, budget = {}, [], max_bytes
+    with tarfile.open(fileobj=buf, mode="r") as tar:
+        for member in tar:
+            rel = member.name.partition("/")[2]
+            if member.isdir() or not rel:
+                continue
+            if not member.isreg():
+                dropped.append(f"{rel} (link or special file)")
+            elif member.size > budget:
+                dropped.append(f"{rel} (over the {max_bytes} byte output cap)")
+            else:
+                files[rel] = tar.extractfile(member).read()
+                budget -= member.size
+    return files, dropped
+
+
+class DockerExecutor(BaseExecutor):
+    """Runs each program in its own locked-down container (see the module docstring).
+
+    Example:
+        >>> ex = DockerExecutor(timeout_s=30)  # doctest: +SKIP
+        >>> ex.run("import sklearn; print(sklearn.__version__)").stdout
+        '1.5.2\\n'
+
+    Args:
+        image: the sandbox image; default `wmrl-sandbox:<version>`, built by
+            `python -m wmrl_jax.sandbox.image`. Any image with python3 works.
+        limits: resource limits (`Limits`).
+        timeout_s: default wall-clock timeout, enforced from the host.
+        max_workers: threads behind `submit`.
+        client: a `docker.DockerClient`; default `docker.from_env()`.
+        api_timeout_s: timeout of each engine API call.
+
+    Raises:
+        InfraError: no engine answers, or the image is missing.
+    """
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        limits: Limits | None = None,
+        timeout_s: float = 60.0,
+        max_workers: int | None = None,
+        client=None,
+        api_timeout_s: float = 600.0,
+    ):
+        import docker
+
+        super().__init__(max_workers=max_workers)
+        if image is None:
+            # Imported here so that `python -m wmrl_jax.sandbox.image` finds it unloaded.
+            from wmrl_jax.sandbox.image import default_image
+
+            image = default_image()
+        self.image = image
+        self.limits = limits or Limits()
+        self.timeout_s = timeout_s
+        try:
+            self.client = client or docker.from_env(timeout=int(api_timeout_s))
+            self.client.ping()
+        except Exception as e:
+            raise InfraError(f"no Docker engine answers ({e}); {ENGINE_HINT}") from e
+        try:
+            image_id = self.client.images.get(self.image).id
+        except docker.errors.ImageNotFound as e:
+            raise InfraError(
+                f"image {self.image} is missing; build it with `python -m wmrl_jax.sandbox.image`"
+                " (or pass an image that has python3)"
+            ) from e
+        self.environment = f"docker:{self.image}@{image_id}"
+        # Labels this executor's containers, so that leftovers can be found.
+        self.token = uuid.uuid4().hex
+        self._live: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _host_config(self, input_dir, code_dir: str) -> dict:
+        import docker
+
+        lim = self.limits
+        volumes = {code_dir: {"bind": CODE_DIR, "mode": "ro"}}
+        if input_dir is not None:
+            volumes[input_dir] = {"bind": f"{WORK_DIR}/{INPUT_NAME}", "mode": "ro"}
+        return dict(
+            command=["sleep", "infinity"],
+            user=f"{KEEPER_USER}:{KEEPER_USER}",
+            working_dir=WORK_DIR,
+            network_mode="none",
+            mem_limit=lim.memory_bytes,
+            memswap_limit=lim.memory_bytes,
+            pids_limit=lim.pids,
+            nano_cpus=int(lim.cpus * 1e9),
+            read_only=True,
+            tmpfs={
+                "/tmp": f"rw,nosuid,nodev,size={lim.tmp_bytes},mode=1777",
+                WORK_DIR: f"rw,nosuid,nodev,size={lim.work_bytes},uid={USER},gid={USER},mode=0755",
+            },
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            init=True,
+            ipc_mode="private",
+            volumes=volumes,
+            ulimits=[
+                docker.types.Ulimit(
+                    name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes
+                ),
+                docker.types.Ulimit(name="core", soft=0, hard=0),
+                docker.types.Ulimit(name="nofile", soft=1024, hard=1024),
+            ],
+            log_config=docker.types.LogConfig(type="none"),
+            labels={LABEL: self.token},
+        )
+
+    def run(self, source, *, input_dir=None, timeout_s=None, files=None) -> ExecutionResult:
+        """Runs `source` in a fresh container; see `Executor.run`."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        extra = check_files(files)
+        check_input_dir(input_dir)
+        start = time.monotonic()
+        container = None
+        code_dir = tempfile.mkdtemp(prefix="wmrl-docker-")
+        try:
+            staging = os.path.join(code_dir, "staging")
+            os.mkdir(staging, 0o755)
+            code = os.path.join(code_dir, "code")
+            os.mkdir(code)
+            _write_code(code, {PROGRAM_NAME: source.encode(), **extra})
+            config = self._host_config(_readable_input(input_dir, staging), code)
+            container = self.client.containers.create(self.image, **config)
+            with self._lock:
+                self._live.add(container.id)
+            container.start()
+            return self._execute(container, start + timeout, start)
+        except Exception as e:  # the program's failures are results; these are the engine's
+            return infra_error(
+                f"Docker engine failed during the run ({type(e).__name__}: {e}); {ENGINE_HINT}",
+                wall_seconds=time.monotonic() - start,
+            )
+        finally:  # also on KeyboardInterrupt
+            if container is not None:
+                self._remove(container.id)
+            shutil.rmtree(code_dir, ignore_errors=True)
+
+    def _remove(self, container_id: str) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True)
+        except Exception as e:
+            if getattr(e, "status_code", None) != 404:
+                log.warning("could not remove container %s: %s", container_id[:12], e)
+                return  # kept in _live: close() tries again
+        with self._lock:
+            self._live.discard(container_id)
+
+    def _execute(self, container, deadline: float, start: float) -> ExecutionResult:
+        import docker
+
+        api = self.client.api
+        env = {
+            "HOME": WORK_DIR,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "WMRL_INPUT_DIR": f"{WORK_DIR}/{INPUT_NAME}",
+            "WMRL_OUTPUT_DIR": f"{WORK_DIR}/{OUTPUT_NAME}",
+        }
+        exec_id = api.exec_create(
+            container.id,
+            ["/bin/sh", "-c", COMMAND],
+            user=f"{USER}:{USER}",
+            workdir=WORK_DIR,
+            environment=env,
+        )["Id"]
+        out, err = TailBuffer(self.limits.tail_bytes), TailBuffer(self.limits.tail_bytes)
+        failure: list[BaseException] = []
+
+        def consume():
+            try:
+                for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
+                    if chunk_out:
+                        out.write(chunk_out)
+                    if chunk_err:
+                        err.write(chunk_err)
+            except Exception as e:  # a killed container ends the stream abruptly
+                failure.append(e)
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        timed_out, interval = False, 0.005
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            reader.join(min(remaining, interval))
+            interval = min(2 * interval, 0.1)
+            # The stream can end before the process (closed stdout) or outlive it
+            # (a child holding the pipe): the exec's state decides.
+            if not api.exec_inspect(exec_id)["Running"]:
+                break
+        if timed_out:
+            try:
+                container.kill()
+            except docker.errors.APIError as e:  # it may have exited at the deadline
+                if e.status_code != 409:
+                    raise
+        else:  # the wrapper killed what the program left, so the stream ends promptly
+            reader.join(max(0.5, deadline - time.monotonic()))
+            if failure or reader.is_alive():
+                raise RuntimeError(f"lost the program's output stream ({failure[:1]})")
+        info = api.exec_inspect(exec_id)
+        container.reload()
+        if not timed_out and not container.attrs["State"]["Running"]:
+            # The program cannot stop the container (its main process runs under
+            # another uid): the engine did, e.g. while shutting down.
+            raise RuntimeError("the container stopped under the program")
+        cpu, peak, oom_kills = _cgroup_stats(container.id)
+        files, dropped = {}, []
+        if not timed_out:
+            # The engine's archive API does not see tmpfs mounts; tar inside does.
+            tar_id = api.exec_create(
+                container.id,
+                ["tar", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
+                user=f"{USER}:{USER}",
+                stderr=False,
+            )["Id"]
+            chunks = (o for o, _ in api.exec_start(tar_id, stream=True, demux=True) if o)
+            files, dropped = _untar_outputs(chunks, self.limits.output_bytes)
+        if timed_out and reader.is_alive():
+            reader.join(5.0)
+        code = info.get("ExitCode")
+        if code is not None and code > 128:  # killed by signal (code - 128)
+            code = 128 - code
+        if timed_out:
+            status = "timeout"
+        elif code == 0:
+            status = "ok"
+        elif oom_kills or (code == -9 and self._oom(container)):
+            status = "oom"
+        elif code is not None and code < 0:
+            status = "killed"
+        else:
+            status = "error"
+        return ExecutionResult(
+            status=status,
+            exit_code=code,
+            wall_seconds=time.monotonic() - start,
+            cpu_seconds=cpu,
+            peak_memory_bytes=peak,
+            stdout=out.text(),
+            stderr=err.text(),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+            files=files,
+            message=f"output files left out: {', '.join(dropped)}" if dropped else "",
+        )
+
+    @staticmethod
+    def _oom(container) -> bool:
+        """The engine's OOM flag, for engines whose cgroups this host cannot read."""
+        container.reload()
+        return bool(container.attrs.get("State", {}).get("OOMKilled"))
+
+    def close(self) -> None:
+        """Waits for submitted runs and removes any container left behind."""
+        super().close()
+        leftovers = set(self._live)
+        try:  # also those whose creation the engine finished but never confirmed
+            labelled = self.client.containers.list(
+                all=True, filters={"label": f"{LABEL}={self.token}"}
+            )
+            leftovers.update(c.id for c in labelled)
+        except Exception as e:
+            log.warning("could not list this executor's containers: %s", e)
+        for container_id in leftovers:
+            self._remove(container_id)
