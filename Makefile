@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench engine sandbox-image clean
+.PHONY: install run test lint bench engine sandbox-image fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.isotonic --json outputs/bench/isotonic.json
 	$(PY) -m benchmarks.fusion --json outputs/bench/fusion.json
 	$(PY) -m benchmarks.sandbox --json outputs/bench/sandbox.json
+	$(PY) -m benchmarks.forward --json outputs/bench/forward.json
+	$(PY) -m benchmarks.sampler --json outputs/bench/sampler.json
+
+# Rebuilds the committed tiny checkpoints and their reference outputs (needs
+# `pip install torch==2.13.0`; tests themselves never need torch).
+fixtures: $(STAMP)
+	$(PY) -m wmrl_jax.models.fixtures --out tests/models/fixtures
 
 engine:
 	launch/docker_engine.sh start

@@ -30,6 +30,7 @@ setuptools.setup(
         "orbax-checkpoint>=0.11",
         "chex>=0.1.88",
         "numpy>=1.26",
+        "ml_dtypes>=0.4",
         "ml_collections>=1.0",
         "absl-py>=2.1",
         "transformers>=4.50",

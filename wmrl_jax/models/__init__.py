@@ -1,0 +1,41 @@
+"""Flax decoder LMs (Qwen3 dense), Hugging Face checkpoint I/O and a KV-cache sampler.
+
+from wmrl_jax import models
+model = models.from_pretrained("path/to/qwen3", dtype="bfloat16")
+logits = model.logits(ids, attention_mask=mask)            # [B, T, V] float32
+out = models.sample(model, ids, mask, key, max_new_tokens=64, top_p=0.95)
+model.save_pretrained("path/to/out")
+"""
+
+from wmrl_jax.models.api import (
+    ChatPrompt,
+    Model,
+    from_params,
+    from_pretrained,
+    left_pad,
+    qwen3_config_dict,
+    random_model,
+    render_chat,
+)
+from wmrl_jax.models.config import SUPPORTED_MODEL_TYPES, Qwen3Config, config_from_dict
+from wmrl_jax.models.qwen3 import Qwen3, apply, token_logprobs
+from wmrl_jax.models.sampler import SampleOutput, sample
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "ChatPrompt",
+    "Model",
+    "Qwen3",
+    "Qwen3Config",
+    "SampleOutput",
+    "apply",
+    "config_from_dict",
+    "from_params",
+    "from_pretrained",
+    "left_pad",
+    "qwen3_config_dict",
+    "random_model",
+    "render_chat",
+    "sample",
+    "token_logprobs",
+]

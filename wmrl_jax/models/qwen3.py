@@ -1,0 +1,280 @@
+"""Qwen3 dense decoder in Flax NNX, with a functional boundary for jit and grad.
+
+Architecture (as in the `transformers` reference): token embedding (unscaled),
+pre-norm blocks of grouped-query attention (explicit `head_dim`, per-head RMSNorm
+on q and k before the rotary embedding) and a SwiGLU MLP, a final RMSNorm and a
+tied or untied LM head. Linear kernels are stored as [in, out].
+
+The NNX module is split once with `nnx.split` into a `GraphDef` and a params
+`State`; `apply` is a pure function of that state, so a train step can take the
+params pytree as its argument:
+
+    graphdef, params = nnx.split(Qwen3(config, rngs=nnx.Rngs(0)))
+    logits, _ = apply(graphdef, params, input_ids, attention_mask=mask)
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wmrl_jax.models.config import Qwen3Config, rope_frequencies
+
+
+class KVCache(NamedTuple):
+    """Fixed-size key/value cache, one array per layer.
+
+    Separate per-layer arrays (not one stacked [L, ...] array) let XLA update
+    each layer's buffer in place inside the decode loop.
+
+    Attributes:
+        k: per-layer keys, each of shape [B, K, S, D] (batch, kv heads, slots, head dim).
+        v: per-layer values, each of shape [B, K, S, D].
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+
+def init_cache(config: Qwen3Config, batch: int, slots: int, dtype) -> KVCache:
+    """An all-zero cache of `slots` positions for `batch` rows."""
+    shape = (batch, config.num_key_value_heads, slots, config.head_dim)
+    layers = range(config.num_hidden_layers)
+    return KVCache(
+        tuple(jnp.zeros(shape, dtype) for _ in layers),
+        tuple(jnp.zeros(shape, dtype) for _ in layers),
+    )
+
+
+class Linear(nnx.Module):
+    """y = x W (+ b) with W of shape [in, out]."""
+
+    def __init__(self, d_in: int, d_out: int, *, bias: bool, dtype, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        self.kernel = nnx.Param(init(rngs.params(), (d_in, d_out), dtype))
+        self.bias = nnx.Param(jnp.zeros((d_out,), dtype)) if bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.dot(x, self.kernel[...])
+        return y if self.bias is None else y + self.bias[...]
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm in float32, cast back to the input dtype before the weight multiply."""
+
+    def __init__(self, dim: int, *, eps: float, dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * x32.astype(x.dtype)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def rope_cos_sin(config: Qwen3Config, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos and sin tables for integer positions of shape [B, T]; each [B, T, 1, head_dim]."""
+    inv_freq, scale = rope_frequencies(config.rope, config.head_dim)
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with q/k RMSNorm and rotary embedding."""
+
+    def __init__(self, config: Qwen3Config, *, dtype, rngs: nnx.Rngs):
+        c, bias = config, config.attention_bias
+        self.config = config
+        self.q_proj = Linear(
+            c.hidden_size, c.num_attention_heads * c.head_dim, bias=bias, dtype=dtype, rngs=rngs
+        )
+        self.k_proj = Linear(
+            c.hidden_size, c.num_key_value_heads * c.head_dim, bias=bias, dtype=dtype, rngs=rngs
+        )
+        self.v_proj = Linear(
+            c.hidden_size, c.num_key_value_heads * c.head_dim, bias=bias, dtype=dtype, rngs=rngs
+        )
+        self.o_proj = Linear(
+            c.num_attention_heads * c.head_dim, c.hidden_size, bias=bias, dtype=dtype, rngs=rngs
+        )
+        self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, dtype=dtype)
+        self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, dtype=dtype)
+
+    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
+        """Attends from T query tokens to S key slots.
+
+        Args:
+            x: hidden states of shape [B, T, hidden].
+            cos, sin: rotary tables of shape [B, T, 1, head_dim].
+            mask: bool of shape [B, T, S]; True where a query may attend a slot.
+            kv: optional cached (k, v), each [B, K, S, D]; the new keys are written
+                at slots [cache_index, cache_index + T).
+            cache_index: int scalar, first slot to write.
+
+        Returns:
+            (output [B, T, hidden], (k, v) of shape [B, K, S, D], S = T without a cache).
+        """
+        c = self.config
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim))
+        k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
+        v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        # Heads before positions ([B, K, S, D]): attention is then a batched matmul
+        # over (B, K) with no transpose of the cache, 4-5x faster when decoding.
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        if kv is not None:
+            start = (0, 0, cache_index, 0)
+            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
+        q = q.reshape(b, t, c.num_key_value_heads, c.num_groups, c.head_dim)
+        q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+        # Scores in the params dtype, softmax in float32, as the reference does.
+        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k) * jnp.asarray(c.head_dim**-0.5, q.dtype)
+        scores = scores.astype(jnp.float32)
+        # finfo.min, not -inf: fully masked rows (left padding) stay finite.
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, -1)
+        return self.o_proj(out), (k, v)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: Qwen3Config, *, dtype, rngs: nnx.Rngs):
+        h, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = Linear(h, f, bias=False, dtype=dtype, rngs=rngs)
+        self.up_proj = Linear(h, f, bias=False, dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(f, h, bias=False, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: Qwen3Config, *, dtype, rngs: nnx.Rngs):
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
+        self.self_attn = Attention(config, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
+        self.mlp = MLP(config, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
+        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+class Qwen3(nnx.Module):
+    """Qwen3 dense causal LM.
+
+    Example:
+        >>> model = Qwen3(config, rngs=nnx.Rngs(0))
+        >>> logits, _ = model(input_ids, positions, mask)   # [B, T, V] float32
+    """
+
+    def __init__(self, config: Qwen3Config, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.config = config
+        init = nnx.initializers.normal(0.02)
+        self.embed_tokens = nnx.Param(
+            init(rngs.params(), (config.vocab_size, config.hidden_size), dtype)
+        )
+        self.layers = nnx.List(
+            [Block(config, dtype=dtype, rngs=rngs) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
+        )
+
+    def __call__(self, input_ids, positions, mask, cache=None, cache_index=None, last_only=False):
+        """Float32 logits for `input_ids`.
+
+        Args:
+            input_ids: int of shape [B, T].
+            positions: int rotary positions of shape [B, T] (per row, so left
+                padding does not shift them).
+            mask: bool of shape [B, T, S]; S = T without a cache, else the cache size.
+            cache: optional `KVCache`; updated with this call's keys and values.
+            cache_index: int scalar, the cache slot of `input_ids[:, 0]`.
+            last_only: compute logits for the last position only (T' = 1), as a
+                sampler's prefill needs; saves the LM head on the prompt.
+
+        Returns:
+            (logits float32 of shape [B, T', V], the updated cache or None).
+        """
+        embed = self.embed_tokens[...]
+        x = jnp.take(embed, input_ids, axis=0)
+        cos, sin = rope_cos_sin(self.config, positions, x.dtype)
+        ks, vs = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, (k, v) = layer(x, cos, sin, mask, kv, cache_index)
+            ks.append(k)
+            vs.append(v)
+        if last_only:
+            x = x[:, -1:]
+        x = self.norm(x)
+        head = embed.T if self.lm_head is None else self.lm_head[...]
+        logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
+        new_cache = None if cache is None else KVCache(tuple(ks), tuple(vs))
+        return logits, new_cache
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """Per-row positions: 0 at each row's first real token. [B, T] int32 -> [B, T] int32."""
+    return jnp.maximum(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_mask(attention_mask: jax.Array) -> jax.Array:
+    """Causal and padding mask [B, T, T] from a [B, T] mask of real tokens."""
+    t = attention_mask.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    return causal[None] & attention_mask.astype(bool)[:, None, :]
+
+
+def apply(graphdef, params, input_ids, attention_mask=None, positions=None):
+    """Pure forward pass of a split model: float32 logits [B, T, V].
+
+    Args:
+        graphdef: the `nnx.GraphDef` of a `Qwen3`.
+        params: its `nnx.State` (any pytree with that structure, e.g. a grad).
+        input_ids: int of shape [B, T].
+        attention_mask: optional of shape [B, T], 1 for real tokens, 0 for
+            (left) padding. Defaults to all ones.
+        positions: optional int of shape [B, T]; defaults to
+            `positions_from_mask(attention_mask)`.
+
+    Returns:
+        Logits, float32 of shape [B, T, V].
+    """
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape [B, T], got {input_ids.shape}")
+    if attention_mask is None:
+        attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {attention_mask.shape} != input_ids {input_ids.shape}")
+    if positions is None:
+        positions = positions_from_mask(attention_mask)
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(input_ids, positions, causal_mask(attention_mask))
+    return logits
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log p(targets) in float32: logits [B, T, V], targets int [B, T] -> [B, T]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
