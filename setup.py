@@ -34,6 +34,7 @@ setuptools.setup(
         "ml_collections>=1.0",
         "absl-py>=2.1",
         "transformers>=4.50",
+        "jinja2>=3.1",  # chat templates (transformers does not require it)
         "docker>=7.1",
     ],
     extras_require={
