@@ -203,7 +203,13 @@ class LocalExecutor(BaseExecutor):
             python = sys.executable
             if self.switch_user and not _world_executable(python):
                 python = "/usr/bin/python3"
-                log.info("programs run as an unprivileged uid; using %s", python)
+                log.warning(
+                    "programs run as an unprivileged uid that cannot execute %s; using %s "
+                    "(pass python= an interpreter readable by all users, with the packages "
+                    "your programs need)",
+                    sys.executable,
+                    python,
+                )
         self.python = python
         self.environment = f"local:{python}"
         message = (
