@@ -31,6 +31,7 @@ setuptools.setup(
         "chex>=0.1.88",
         "numpy>=1.26",
         "ml_dtypes>=0.4",
+        "scikit-learn>=1.4",  # the built-in task suite and its reference solutions
         "ml_collections>=1.0",
         "absl-py>=2.1",
         "transformers>=4.50",

@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny task directories in the contract's on-disk layout."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import pytest
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def base_manifest(**overrides):
+    manifest = {
+        "format_version": 1,
+        "id": "toy",
+        "source": "test",
+        "split": "train",
+        "metric": {"name": "rmse", "direction": "lower"},
+        "submission": {
+            "file": "submission.csv",
+            "id_column": "id",
+            "target_columns": ["target"],
+            "answer_column": "target",
+        },
+        "limits": {"wall_seconds": 60, "memory_mb": 512},
+        "percentile_rule": "mid_rank",
+        "leaderboards": ["private"],
+    }
+    manifest.update(overrides)
+    return manifest
+
+
+@pytest.fixture
+def make_task(tmp_path):
+    """`make_task(manifest=..., answers=[(id, y)], boards={name: [scores]})` -> task dir."""
+
+    def make(*, manifest=None, answers=((0, 1.0), (1, 2.0), (2, 3.0)), boards=None):
+        manifest = base_manifest() if manifest is None else manifest
+        boards = {"private": [0.5, 1.0, 2.0]} if boards is None else boards
+        root = tmp_path / "task"
+        (root / "public").mkdir(parents=True)
+        (root / "private" / "leaderboards").mkdir(parents=True)
+        (root / "manifest.json").write_text(json.dumps(manifest))
+        (root / "description.md").write_text("# toy\n")
+        write_csv(root / "private" / "answers.csv", ["id", "target"], answers)
+        for name, scores in boards.items():
+            write_csv(
+                root / "private" / "leaderboards" / f"{name}.csv",
+                ["entry", "score"],
+                [(f"e{i}", s) for i, s in enumerate(scores)],
+            )
+        return os.fspath(root)
+
+    return make

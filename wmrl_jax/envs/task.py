@@ -1,0 +1,230 @@
+"""The task contract: one task is one directory, whatever its origin.
+
+Layout::
+
+    <task>/manifest.json          # the contract below
+    <task>/description.md         # shown to the agent
+    <task>/data_report.md         # optional; computed from the data, never invented
+    <task>/public/                # the ONLY thing a sandbox may mount (read-only)
+    <task>/private/answers.csv    # id column + the answer column; grader side only
+    <task>/private/leaderboards/<name>.csv   # a `score` column (+ optional `entry`)
+
+`manifest.json`::
+
+    {
+      "format_version": 1,
+      "id": "iris", "source": "builtin", "split": "train",   # or held-out / pretrain
+      "metric": {"name": "log_loss", "direction": "lower"},  # or {"grader": "pkg.mod:fn",
+                                                              #     "direction": ...}
+      "submission": {"file": "submission.csv", "id_column": "id",
+                     "target_columns": ["p_0", "p_1", "p_2"], "answer_column": "target"},
+      "limits": {"wall_seconds": 600, "memory_mb": 4096, "cpus": 1},
+      "percentile_rule": "mid_rank",                          # mle_dojo / beat_ratio
+      "leaderboards": ["private"]
+    }
+
+The boundary: sandbox-facing code gets `Task.public_dir`, `Task.description`
+and `Task.data_report` only. `Task` exposes no private path; the grader finds
+answers and leaderboards through `grading`, which runs outside the sandbox.
+
+Example:
+    >>> task = load_task("suite/iris")          # doctest: +SKIP
+    >>> mount = task.public_dir                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from wmrl_jax.envs import metrics
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SPLITS = ("train", "held-out", "pretrain")
+PERCENTILE_RULES = ("mid_rank", "mle_dojo", "beat_ratio")
+
+
+class ManifestError(ValueError):
+    """A task manifest is missing, malformed or inconsistent; names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmissionSpec:
+    """What a valid submission file looks like.
+
+    Attributes:
+        file: file name the program must write (relative to its output dir).
+        id_column: the row id column, matched against the answers' ids.
+        target_columns: prediction columns, in the order the metric reads them.
+        answer_column: the column of `private/answers.csv` holding the truth.
+    """
+
+    file: str
+    id_column: str
+    target_columns: tuple[str, ...]
+    answer_column: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricSpec:
+    """A named built-in metric, or a grader entry point "module:function"."""
+
+    name: str | None
+    grader: str | None
+    direction: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One task, loaded from its directory by `load_task`.
+
+    Attributes:
+        id, source, split: identity; `split` is one of `SPLITS`.
+        metric: the metric spec with its explicit direction.
+        submission: the submission spec.
+        limits: resource limits for the sandbox (wall_seconds, memory_mb, cpus, ...).
+        percentile_rule: one of `PERCENTILE_RULES`.
+        leaderboards: names of the boards (grader side).
+    """
+
+    id: str
+    source: str
+    split: str
+    metric: MetricSpec
+    submission: SubmissionSpec
+    limits: Mapping[str, float]
+    percentile_rule: str
+    leaderboards: tuple[str, ...]
+    _root: str = dataclasses.field(repr=False)
+
+    @property
+    def public_dir(self) -> str:
+        """The directory to mount read-only into the sandbox; nothing else may be."""
+        return os.path.join(self._root, "public")
+
+    @property
+    def description(self) -> str:
+        """The agent-facing description (`description.md`)."""
+        with open(os.path.join(self._root, "description.md"), encoding="utf-8") as f:
+            return f.read()
+
+    @property
+    def data_report(self) -> str | None:
+        """The computed data report (`data_report.md`), or None when absent."""
+        path = os.path.join(self._root, "data_report.md")
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+
+
+def _require(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str):
+    field = f"{where}.{key}" if where else key
+    if key not in mapping:
+        raise ManifestError(f"manifest field {field!r} is missing")
+    value = mapping[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ManifestError(f"manifest field {field!r} has type {type(value).__name__}")
+    return value
+
+
+def _parse_metric(raw: Mapping[str, Any]) -> MetricSpec:
+    direction = _require(raw, "direction", str, "metric")
+    if direction not in metrics.DIRECTIONS:
+        raise ManifestError(
+            f"manifest field 'metric.direction' is {direction!r}, not one of {metrics.DIRECTIONS}"
+        )
+    name, grader = raw.get("name"), raw.get("grader")
+    if (name is None) == (grader is None):
+        raise ManifestError("manifest field 'metric' needs exactly one of 'name' or 'grader'")
+    if name is not None:
+        if name not in metrics.METRICS:
+            raise ManifestError(
+                f"manifest field 'metric.name' is {name!r}, not one of {sorted(metrics.METRICS)}"
+            )
+        if metrics.METRICS[name].direction != direction:
+            raise ManifestError(
+                f"manifest field 'metric.direction' is {direction!r} but {name} is "
+                f"{metrics.METRICS[name].direction}-is-better"
+            )
+    elif not isinstance(grader, str) or grader.count(":") != 1:
+        raise ManifestError("manifest field 'metric.grader' must be 'module:function'")
+    return MetricSpec(name=name, grader=grader, direction=direction)
+
+
+def _parse_submission(raw: Mapping[str, Any]) -> SubmissionSpec:
+    file = _require(raw, "file", str, "submission")
+    if os.path.isabs(file) or ".." in file.split("/"):
+        raise ManifestError("manifest field 'submission.file' must be a plain relative name")
+    targets = _require(raw, "target_columns", list, "submission")
+    if not targets or not all(isinstance(c, str) for c in targets):
+        raise ManifestError("manifest field 'submission.target_columns' must list column names")
+    return SubmissionSpec(
+        file=file,
+        id_column=_require(raw, "id_column", str, "submission"),
+        target_columns=tuple(targets),
+        answer_column=_require(raw, "answer_column", str, "submission"),
+    )
+
+
+def parse_manifest(raw: Mapping[str, Any], root: str) -> Task:
+    """Validates a manifest dict and returns the `Task` rooted at `root`."""
+    if not isinstance(raw, Mapping):
+        raise ManifestError("manifest must be a JSON object")
+    version = _require(raw, "format_version", int, "")
+    if version != FORMAT_VERSION:
+        raise ManifestError(f"manifest field 'format_version' is {version}, need {FORMAT_VERSION}")
+    split = _require(raw, "split", str, "")
+    if split not in SPLITS:
+        raise ManifestError(f"manifest field 'split' is {split!r}, not one of {SPLITS}")
+    rule = raw.get("percentile_rule", "mid_rank")
+    if rule not in PERCENTILE_RULES:
+        raise ManifestError(
+            f"manifest field 'percentile_rule' is {rule!r}, not one of {PERCENTILE_RULES}"
+        )
+    limits = _require(raw, "limits", dict, "")
+    for key, value in limits.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise ManifestError(f"manifest field 'limits.{key}' must be a positive number")
+    boards = _require(raw, "leaderboards", list, "")
+    if not boards or not all(isinstance(b, str) and b.isidentifier() for b in boards):
+        raise ManifestError("manifest field 'leaderboards' must list board names")
+    return Task(
+        id=_require(raw, "id", str, ""),
+        source=_require(raw, "source", str, ""),
+        split=split,
+        metric=_parse_metric(_require(raw, "metric", dict, "")),
+        submission=_parse_submission(_require(raw, "submission", dict, "")),
+        limits=dict(limits),
+        percentile_rule=rule,
+        leaderboards=tuple(boards),
+        _root=os.path.abspath(root),
+    )
+
+
+def load_task(path: str | os.PathLike[str]) -> Task:
+    """Loads and validates the task directory at `path`.
+
+    Raises:
+        ManifestError: the manifest is missing, not JSON, or a field is wrong
+            (the message names the field), or `description.md` / `public/` is absent.
+    """
+    root = os.fspath(path)
+    manifest = os.path.join(root, MANIFEST_NAME)
+    if not os.path.isfile(manifest):
+        raise ManifestError(f"no {MANIFEST_NAME} in task directory {root!r}")
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
+    task = parse_manifest(raw, root)
+    if not os.path.isfile(os.path.join(root, "description.md")):
+        raise ManifestError(f"task {task.id!r} has no description.md")
+    if not os.path.isdir(task.public_dir):
+        raise ManifestError(f"task {task.id!r} has no public/ directory")
+    return task
