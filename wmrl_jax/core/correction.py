@@ -309,7 +309,9 @@ def make_reward_correction(
         sigma2_wm = jnp.maximum(resid_var - sigma2_real, min_wm_var)
         if wm_var == "per_sample":
             scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
-            var_wm = sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0)
+            # Floored per sample too: a WM that claims certainty (variance 0)
+            # must not be trusted as exact.
+            var_wm = jnp.maximum(sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0), min_wm_var)
         else:
             var_wm = jnp.broadcast_to(sigma2_wm, pred_mean.shape)
         var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
