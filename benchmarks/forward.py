@@ -250,11 +250,17 @@ def main(argv=None) -> dict:
         rows[impl] = {"seconds": seconds, "tokens_per_s": tps, "ours_over_impl": ours_tps / tps}
     print(f"ours: {model_flops / 1e9:,.1f} model GFLOP/s (6N + attention){mfu}")
     payload = {"benchmark": "forward_backward", "args": vars(args), "params": n_params, **rows}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2)
+    write_json(args.json, payload)
     return payload
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    """Writes `payload` to `path` as JSON (creating its directory); no-op without a path."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ the median per implementation.
 """
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -22,7 +21,14 @@ import tempfile
 import jax
 import numpy as np
 
-from benchmarks.forward import PRESETS, anchor, interleaved_medians, make_checkpoint, warmed
+from benchmarks.forward import (
+    PRESETS,
+    anchor,
+    interleaved_medians,
+    make_checkpoint,
+    warmed,
+    write_json,
+)
 from wmrl_jax import models
 
 
@@ -147,10 +153,7 @@ def main(argv=None) -> dict:
                     row.update(seconds=seconds, tokens_per_s=tps, ours_over_impl=ours_tps / tps)
                 rows.append(row)
     payload = {"benchmark": "decode", "args": vars(args), "rows": rows}
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2)
+    write_json(args.json, payload)
     return payload
 
 
