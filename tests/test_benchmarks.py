@@ -27,3 +27,23 @@ def test_isotonic_benchmark_quick(tmp_path):
 def test_fusion_benchmark_small(tmp_path):
     payload, stdout = _run(["benchmarks.fusion", "--sizes", "1e3,1e4"], tmp_path)
     assert payload
+
+
+# The model benchmarks on a tiny preset, anchors (torch, Tunix) skipped.
+_TINY = ["--preset", "tiny", "--skip", "torch,tunix"]
+
+
+def test_forward_benchmark_tiny(tmp_path):
+    payload, stdout = _run(
+        ["benchmarks.forward", *_TINY, "--batch", "2", "--seq", "16", "--repeats", "1"], tmp_path
+    )
+    assert payload["ours"]["tokens_per_s"] > 0 and "| ours |" in stdout
+
+
+def test_sampler_benchmark_tiny(tmp_path):
+    payload, stdout = _run(
+        ["benchmarks.sampler", *_TINY, "--batches", "2", "--prompt", "8", "--new", "4"]
+        + ["--repeats", "1"],
+        tmp_path,
+    )
+    assert [r["impl"] for r in payload["rows"]] == ["ours"] and "| 2 | ours |" in stdout

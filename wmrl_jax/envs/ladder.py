@@ -42,9 +42,21 @@ def _poly2(model) -> object:
     )
 
 
+def _nonlinear_entries(n_train: int, knn, tree, forest, boosting) -> list[Entry]:
+    """kNN (k up to a quarter of the training set), trees, a forest and boosting."""
+    ks = sorted({k for k in (1, 5, 15, 50) if k <= max(1, n_train // 4)})
+    entries = [Entry(f"knn_{k}", lambda s, k=k: _scaled(knn(n_neighbors=k))) for k in ks]
+    entries += [
+        Entry(f"tree_d{d}", lambda s, d=d: tree(max_depth=d, random_state=s))
+        for d in (1, 3, 6, None)
+    ]
+    entries.append(Entry("forest", lambda s: forest(n_estimators=60, random_state=s)))
+    entries.append(Entry("boosting", lambda s: boosting(max_iter=60, random_state=s)))
+    return entries
+
+
 def classification_ladder(n_train: int) -> list[Entry]:
     """Classifiers from the class prior to gradient boosting."""
-    ks = sorted({k for k in (1, 5, 15, 50) if k <= max(1, n_train // 4)})
     entries = [
         Entry("prior", lambda s: dummy.DummyClassifier(strategy="prior")),
         Entry("uniform", lambda s: dummy.DummyClassifier(strategy="uniform")),
@@ -64,27 +76,19 @@ def classification_ladder(n_train: int) -> list[Entry]:
                 lambda s, c=c: _poly2(linear_model.LogisticRegression(C=c, max_iter=1000)),
             )
         )
-    for k in ks:
-        entries.append(
-            Entry(f"knn_{k}", lambda s, k=k: _scaled(neighbors.KNeighborsClassifier(n_neighbors=k)))
-        )
-    for depth in (1, 3, 6, None):
-        entries.append(
-            Entry(
-                f"tree_d{depth}",
-                lambda s, d=depth: sk_tree.DecisionTreeClassifier(max_depth=d, random_state=s),
-            )
-        )
-    forest = lambda s: ensemble.RandomForestClassifier(n_estimators=60, random_state=s)
-    boost = lambda s: ensemble.HistGradientBoostingClassifier(max_iter=60, random_state=s)
-    entries += [Entry("forest", forest), Entry("boosting", boost)]
+    entries += _nonlinear_entries(
+        n_train,
+        neighbors.KNeighborsClassifier,
+        sk_tree.DecisionTreeClassifier,
+        ensemble.RandomForestClassifier,
+        ensemble.HistGradientBoostingClassifier,
+    )
     subsampled = [Entry(f"{e.name}@0.3", e.make, 0.3) for e in entries if e.name != "uniform"]
     return entries + subsampled
 
 
 def regression_ladder(n_train: int) -> list[Entry]:
     """Regressors from the constant mean to gradient boosting."""
-    ks = sorted({k for k in (1, 5, 15, 50) if k <= max(1, n_train // 4)})
     entries = [
         Entry("mean", lambda s: dummy.DummyRegressor(strategy="mean")),
         Entry("median", lambda s: dummy.DummyRegressor(strategy="median")),
@@ -97,20 +101,13 @@ def regression_ladder(n_train: int) -> list[Entry]:
         entries.append(
             Entry(f"poly2_ridge_a{alpha:g}", lambda s, a=alpha: _poly2(linear_model.Ridge(a)))
         )
-    for k in ks:
-        entries.append(
-            Entry(f"knn_{k}", lambda s, k=k: _scaled(neighbors.KNeighborsRegressor(n_neighbors=k)))
-        )
-    for depth in (1, 3, 6, None):
-        entries.append(
-            Entry(
-                f"tree_d{depth}",
-                lambda s, d=depth: sk_tree.DecisionTreeRegressor(max_depth=d, random_state=s),
-            )
-        )
-    forest = lambda s: ensemble.RandomForestRegressor(n_estimators=60, random_state=s)
-    boost = lambda s: ensemble.HistGradientBoostingRegressor(max_iter=60, random_state=s)
-    entries += [Entry("forest", forest), Entry("boosting", boost)]
+    entries += _nonlinear_entries(
+        n_train,
+        neighbors.KNeighborsRegressor,
+        sk_tree.DecisionTreeRegressor,
+        ensemble.RandomForestRegressor,
+        ensemble.HistGradientBoostingRegressor,
+    )
     subsampled = [Entry(f"{e.name}@0.3", e.make, 0.3) for e in entries]
     return entries + subsampled
 
