@@ -9,7 +9,6 @@ _DEV = [
     "scikit-learn>=1.4",
     "scipy>=1.12",
     "jaxopt>=0.8",
-    "matplotlib>=3.8",
     "nbclient>=0.10",
     "ipykernel>=6",
     "ruff>=0.6",
@@ -37,6 +36,9 @@ setuptools.setup(
         "transformers>=4.50",
         "jinja2>=3.1",  # chat templates (transformers does not require it)
         "docker>=7.1",
+        "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
+        "tqdm>=4.60",
+        "matplotlib>=3.8",  # run and study plots
     ],
     extras_require={
         "cuda12": ["jax[cuda12]>=0.5"],

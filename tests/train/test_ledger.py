@@ -1,0 +1,120 @@
+"""Ledger arithmetic, round trips and the timer (with a fake clock: no timing asserts)."""
+
+import json
+import math
+
+import pytest
+
+from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer, compute_ratio, ledger_scalars
+
+
+class FakeClock:
+    def __init__(self, ticks):
+        self._ticks = iter(ticks)
+
+    def __call__(self):
+        return next(self._ticks)
+
+
+def test_add_and_compute_seconds_by_hand():
+    a = Ledger(
+        gen_tokens=100,
+        gen_seconds=1.5,
+        wm_tokens=40,
+        wm_seconds=0.25,
+        executions=2,
+        exec_seconds=10.0,
+        train_seconds=3.0,
+        accelerator_seconds=6.0,
+    )
+    b = Ledger(gen_tokens=10, gen_seconds=0.5, executions=1, exec_seconds=2.0)
+    total = a.add(b)
+    assert total == Ledger(110.0, 2.0, 40.0, 0.25, 3.0, 12.0, 3.0, 6.0)
+    assert a + b == total  # fieldwise, not tuple concatenation
+    assert len(a + b) == len(Ledger._fields)
+    # 2.0 + 0.25 + 12.0; train and accelerator seconds are not counted.
+    assert total.compute_seconds == 14.25
+    assert total.tokens == 150.0
+    assert Ledger().compute_seconds == 0.0
+
+
+def test_cumulative_total_over_steps():
+    total = Ledger()
+    for i in range(1, 5):
+        total = total.add(Ledger(executions=i, exec_seconds=0.5 * i))
+    assert total.executions == 10.0
+    assert total.exec_seconds == 5.0
+
+
+def test_round_trip_is_exact_through_json():
+    ledger = Ledger(
+        gen_tokens=1e12 + 1, gen_seconds=0.1 + 0.2, wm_seconds=1 / 3, exec_seconds=2.0**-40
+    )
+    again = Ledger.from_dict(json.loads(json.dumps(ledger.to_dict())))
+    assert again == ledger
+    assert all(type(v) is float for v in again)
+    assert Ledger.from_dict({"executions": 3}) == Ledger(executions=3.0)
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ({"gpu_seconds": 1.0}, "unknown"),
+        ({"gen_seconds": -1.0}, ">= 0"),
+        ({"wm_seconds": math.nan}, "finite"),
+    ],
+)
+def test_from_dict_rejects_bad_input(values, match):
+    with pytest.raises(ValueError, match=match):
+        Ledger.from_dict(values)
+
+
+def test_add_rejects_non_ledger():
+    with pytest.raises(TypeError):
+        Ledger().add((1.0,) * 8)
+
+
+def test_ledger_step_timed_and_add():
+    step = LedgerStep(clock=FakeClock([10.0, 12.5, 20.0, 20.25]))
+    with step.timed("gen_seconds") as t:
+        pass
+    assert t.seconds == 2.5
+    with step.timed("wm_seconds"):
+        pass
+    step.add(gen_tokens=64, executions=2, exec_seconds=7.0)
+    step.add(exec_seconds=1.0)
+    assert step.ledger() == Ledger(
+        gen_tokens=64.0, gen_seconds=2.5, wm_seconds=0.25, executions=2.0, exec_seconds=8.0
+    )
+    assert step.ledger().compute_seconds == 10.75
+
+
+def test_ledger_step_errors():
+    step = LedgerStep()
+    with pytest.raises(ValueError, match="unknown"):
+        step.add(tokens=1)
+    with pytest.raises(ValueError, match=">= 0"):
+        step.add(exec_seconds=-2.0)
+    with pytest.raises(ValueError, match="seconds field"):
+        with step.timed("gen_tokens"):
+            pass
+
+
+def test_timer_records_on_exception():
+    timer = Timer(clock=FakeClock([1.0, 4.0]))
+    with pytest.raises(RuntimeError):
+        with timer:
+            raise RuntimeError("boom")
+    assert timer.seconds == 3.0
+
+
+def test_scalars_and_ratio():
+    step = Ledger(gen_seconds=1.0, exec_seconds=3.0)
+    total = Ledger(gen_seconds=4.0, exec_seconds=6.0, train_seconds=9.0)
+    scalars = ledger_scalars(step, total)
+    assert scalars["compute_seconds"] == 10.0
+    assert scalars["ledger/step/compute_seconds"] == 4.0
+    assert scalars["ledger/total/train_seconds"] == 9.0
+    assert scalars["ledger/step/exec_seconds"] == 3.0
+    assert compute_ratio(step, total) == 0.4
+    assert math.isnan(compute_ratio(step, Ledger()))

@@ -1,0 +1,276 @@
+"""Checkpoints with orbax: train state + host metadata, keep-N and best retention, HF export.
+
+Each step directory holds two items written by one `orbax.checkpoint.CheckpointManager`:
+
+* `state`: the train-state pytree of JAX arrays (`StandardSave` / `StandardRestore`;
+  sharded arrays are written per shard and restored into the shardings of the
+  abstract target). None leaves (e.g. `ref_params` when the KL weight is 0),
+  NamedTuples (the correction state) and typed PRNG keys round-trip.
+* `meta`: a JSON object of host data (`JsonSave` / `JsonRestore`): the task-iterator
+  position, `Ledger.to_dict()`, the config, the step's metrics. JSON turns tuples
+  into lists; floats round-trip exactly.
+
+Retention is orbax's own preservation policy: `AnyPreservationPolicy` of
+`LatestN(keep)` and `BestN(keep_best)` on `best_metric` (recorded per step as
+orbax checkpoint metrics), so the `keep` latest steps and the `keep_best` best
+steps are both kept; a step without that metric (or with NaN) is never "best".
+
+A save is atomic: orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames it
+when complete, so a save killed midway never becomes `latest_step()`.
+
+Example:
+    >>> ckpt = Checkpointer(workdir + "/checkpoints", keep=3)
+    >>> ckpt.save(step, state, {"iterator": it.position(), "ledger": total.to_dict()},
+    ...           metrics={"heldout_percentile": 0.61})
+    >>> state, meta = ckpt.restore(abstract_state=jax.eval_shape(lambda: state))
+"""
+
+import math
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+from orbax.checkpoint import checkpoint_managers
+
+from wmrl_jax.models import api
+from wmrl_jax.models.config import config_from_dict
+
+__all__ = ["Checkpointer", "export_hf"]
+
+_ITEMS = ("state", "meta")
+
+
+class Checkpointer:
+    """Keep-N + best-by-metric checkpoints of (state pytree, JSON metadata).
+
+    Args:
+        directory: root directory (created); one sub-directory per step.
+        keep: number of latest steps kept (>= 1).
+        best_metric: metric name ranking checkpoints (from `save(..., metrics=)`),
+            or None to keep only the latest.
+        best_mode: "max" or "min": which direction is better.
+        keep_best: number of best steps kept in addition to the latest (>= 0).
+        save_interval_steps: `save` writes only on multiples of this (or `force`).
+        async_save: write arrays in a background thread (call `wait` before reading).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep: int = 3,
+        best_metric: str | None = "heldout_percentile",
+        best_mode: str = "max",
+        keep_best: int = 1,
+        save_interval_steps: int = 1,
+        async_save: bool = True,
+    ):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        if keep_best < 0:
+            raise ValueError(f"keep_best must be >= 0, got {keep_best}")
+        if best_mode not in ("max", "min"):
+            raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+        if save_interval_steps < 1:
+            raise ValueError(f"save_interval_steps must be >= 1, got {save_interval_steps}")
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.best_metric = best_metric
+        self.best_mode = best_mode
+        policies = [checkpoint_managers.LatestN(n=keep)]
+        best_fn = None
+        if best_metric is not None:
+            best_fn = self._metric_value
+            if keep_best > 0:
+                policies.append(
+                    checkpoint_managers.BestN(
+                        get_metric_fn=best_fn,
+                        reverse=best_mode == "min",
+                        n=keep_best,
+                        keep_checkpoints_without_metrics=False,
+                    )
+                )
+        options = ocp.CheckpointManagerOptions(
+            best_fn=best_fn,
+            best_mode=best_mode,
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+            save_interval_steps=save_interval_steps,
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+
+    def _metric_value(self, metrics: Mapping[str, Any]) -> float:
+        """The ranking value; missing or NaN ranks worst."""
+        worst = -math.inf if self.best_mode == "max" else math.inf
+        value = metrics.get(self.best_metric) if metrics else None
+        if value is None:
+            return worst
+        value = float(value)
+        return worst if math.isnan(value) else value
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        meta: Mapping[str, Any],
+        *,
+        metrics: Mapping[str, float] | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Saves `state` and `meta` as `step` (asynchronously by default).
+
+        Args:
+            step: the step number (the state *after* this many updates).
+            state: pytree of JAX arrays (None leaves allowed).
+            meta: JSON-serialisable mapping (iterator position, ledger dict, ...).
+            metrics: scalars recorded with the step; `best_metric` ranks it.
+            force: save even if `step` is not a multiple of `save_interval_steps`.
+
+        Returns:
+            Whether a checkpoint was written.
+
+        Raises:
+            ValueError: the step already exists, or `meta` is not a mapping.
+        """
+        if not isinstance(meta, Mapping):
+            raise ValueError(f"meta must be a mapping, got {type(meta).__name__}")
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta))
+        )
+        if metrics is not None:
+            metrics = {k: _json_float(v) for k, v in metrics.items()}
+        elif self.best_metric is not None:
+            metrics = {}  # orbax wants metrics when tracking best; empty ranks worst.
+        return self._manager.save(int(step), args=args, metrics=metrics, force=force)
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or None."""
+        return self._manager.latest_step()
+
+    def best_step(self) -> int | None:
+        """The best step by `best_metric` (the latest if not tracking), or None."""
+        return self._manager.best_step()
+
+    def all_steps(self) -> list[int]:
+        """All retained complete steps, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def metrics(self, step: int) -> dict | None:
+        """The metrics saved with `step` (None if there were none)."""
+        return self._manager.metrics(step)
+
+    def restore(self, step: int | None = None, *, abstract_state: Any) -> tuple[Any, dict]:
+        """Restores `(state, meta)` of `step` (default: the latest).
+
+        Args:
+            step: step to restore, or None for `latest_step()`.
+            abstract_state: pytree with the structure of the saved state whose
+                leaves are `jax.ShapeDtypeStruct` (with `.sharding` to place
+                shards) or arrays; e.g. `jax.eval_shape(init_fn)` with shardings.
+
+        Returns:
+            (state, meta): the state in the target's dtypes and shardings, and the
+            JSON metadata as saved.
+
+        Raises:
+            FileNotFoundError: no checkpoint (or not that step).
+        """
+        self.wait()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        elif step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}")
+        abstract = jax.tree.map(_abstract_leaf, abstract_state)
+        out = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return out["state"], dict(out["meta"])
+
+    def wait(self) -> None:
+        """Blocks until pending asynchronous saves (and their cleanup) finish."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager."""
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _abstract_leaf(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return x
+
+
+def _json_float(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def export_hf(
+    model_graphdef: nnx.GraphDef | None,
+    params: Any,
+    raw_config: Mapping[str, Any],
+    out_dir: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    overwrite: bool = False,
+) -> str:
+    """Exports a policy as a Hugging Face checkpoint directory.
+
+    Writes config.json (`raw_config` verbatim), model.safetensors in the params'
+    dtype and, if given, the tokenizer: a `transformers` tokenizer
+    (`save_pretrained`) or a directory whose tokenizer files are copied. The
+    directory is written next to `out_dir` and renamed into place when complete.
+
+    Args:
+        model_graphdef: the policy's `nnx.GraphDef`, checked against the graph
+            built from `raw_config` (None skips the check).
+        params: `nnx.State` or params pure dict (arrays may be sharded).
+        raw_config: the `config.json` dictionary (e.g. `Model.raw_config`).
+        out_dir: output directory; must not exist unless `overwrite`.
+        tokenizer: optional tokenizer object or tokenizer directory.
+        overwrite: replace an existing `out_dir`.
+
+    Returns:
+        `out_dir` as a string; `api.from_pretrained(out_dir)` reloads the policy.
+
+    Raises:
+        ValueError: the graph of `model_graphdef` differs from `raw_config`'s.
+        FileExistsError: `out_dir` exists and not `overwrite`.
+    """
+    out_dir = os.fspath(out_dir)
+    if os.path.exists(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir!r} exists; pass overwrite=True to replace it")
+    config = config_from_dict(raw_config)
+    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+    dtype = jax.tree_util.tree_leaves(pure)[0].dtype
+    if model_graphdef is not None and model_graphdef != api.abstract_split(config, dtype)[0]:
+        raise ValueError("model_graphdef does not match the graph built from raw_config")
+    source_dir = os.fspath(tokenizer) if isinstance(tokenizer, str | os.PathLike) else None
+    model = api.from_params(config, pure, raw_config=dict(raw_config), source_dir=source_dir)
+    tmp_dir = out_dir.rstrip(os.sep) + ".export-tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    model.save_pretrained(tmp_dir)
+    if tokenizer is not None and source_dir is None:
+        tokenizer.save_pretrained(tmp_dir)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.replace(tmp_dir, out_dir)
+    return out_dir
