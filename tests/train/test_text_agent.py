@@ -1,0 +1,260 @@
+"""TextAgent on the tiny committed Qwen3 checkpoint: batch layout, log-probs, prompts, WM."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.envs.conftest import base_manifest
+from tests.models.conftest import load
+from wmrl_jax import models
+from wmrl_jax.envs.task import parse_manifest
+from wmrl_jax.models.sampler import SampleOutput, _sample
+from wmrl_jax.train.text_agent import (
+    TextAgent,
+    WMOutput,
+    extract_program,
+    middle_cut,
+    solver_instructions,
+)
+
+FIXTURE = "qwen3_gqa1_tied"  # smallest full-attention fixture: 2 layers, width 64, vocab 384
+P, M = 768, 8
+STOPS = tuple(range(0, 384, 3))  # many stop ids, so gibberish rows stop at varied lengths
+
+
+def _task(task_id="toy", description="Predict the target from features f0..f3.", report=None):
+    spec = parse_manifest(base_manifest(id=task_id), "unused")
+    return types.SimpleNamespace(
+        id=task_id,
+        public_dir=f"public-{task_id}",
+        description=description,
+        data_report="rows: 100\ncolumns: id, f0, f1, target" if report is None else report,
+        submission=spec.submission,
+        metric=spec.metric,
+    )
+
+
+def _agent(**kw):
+    model = load(FIXTURE)
+    args = dict(
+        max_prompt_tokens=P,
+        max_new_tokens=M,
+        wm_max_new_tokens=8,
+        wm_samples=2,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        stop_ids=STOPS,
+    )
+    args.update(kw)
+    return model, TextAgent(model.graphdef, model.tokenizer, **args)
+
+
+@pytest.fixture(scope="module")
+def rolled():
+    model, agent = _agent()
+    tasks = [_task("a"), _task("b", description="Classify rows; metric accuracy.")]
+    ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(3))
+    return model, agent, tasks, ro
+
+
+def test_extract_program():
+    fenced = "Plan.\n```python\nprint(1)\n```\ntext\n```python\nx = 2\n```\nbye"
+    assert extract_program(fenced) == "x = 2\n"
+    assert extract_program("```py\na = 1\n```") == "a = 1\n"
+    assert extract_program("intro\n```python\nunclosed = 1\n") == "unclosed = 1\n"
+    assert extract_program("import numpy as np\nprint(2)") == "import numpy as np\nprint(2)"
+    assert extract_program("```\nnot python\n```") == "```\nnot python\n```"
+
+
+def test_middle_cut():
+    assert middle_cut("abcdef", 10) == "abcdef"
+    cut = middle_cut("abcdefghij", 4)
+    assert cut.startswith("ab\n") and cut.endswith("\nij") and "6 characters truncated" in cut
+    assert middle_cut("abc", 0).endswith("3 characters truncated ...]\n")
+
+
+def test_rollout_batch_layout(rolled):
+    model, agent, tasks, ro = rolled
+    b = ro.batch
+    assert set(b) == {"tokens", "attention_mask", "loss_mask", "old_logprobs"}
+    for v in b.values():
+        assert v.shape == (4, P + M)
+    assert b["tokens"].dtype == np.int32 and b["attention_mask"].dtype == np.int32
+    assert b["loss_mask"].dtype == np.float32 and b["old_logprobs"].dtype == np.float32
+    prompt_tokens = 0
+    for i in range(4):
+        prompt = agent.solver_prompt_ids(tasks[i // 2])  # task-major rows
+        n = len(prompt)
+        prompt_tokens += n
+        np.testing.assert_array_equal(b["tokens"][i, P - n : P], prompt)
+        np.testing.assert_array_equal(b["attention_mask"][i, :P], [0] * (P - n) + [1] * n)
+        assert not b["loss_mask"][i, :P].any() and not b["old_logprobs"][i, :P].any()
+        comp, live = b["tokens"][i, P:], b["loss_mask"][i, P:]
+        length = int(live.sum())
+        assert length >= 1
+        np.testing.assert_array_equal(live, [1] * length + [0] * (M - length))
+        np.testing.assert_array_equal(b["attention_mask"][i, P:], live)
+        # Stops at the first stop token, which is included in the loss.
+        assert not set(comp[: length - 1].tolist()) & set(STOPS)
+        assert length == M or comp[length - 1] in STOPS
+        assert (b["old_logprobs"][i, P : P + length] < 0).all()
+        assert not b["old_logprobs"][i, P + length :].any()
+        text = model.tokenizer.decode(
+            [t for t in comp[:length] if t not in STOPS], skip_special_tokens=True
+        )
+        assert ro.programs[i] == extract_program(text)
+    assert ro.gen_tokens == prompt_tokens + int(b["loss_mask"].sum())
+
+
+def test_old_logprobs_match_teacher_forcing(rolled):
+    model, _, _, ro = rolled
+    b = ro.batch
+    logits = models.apply(
+        model.graphdef, model.params, jnp.asarray(b["tokens"]), jnp.asarray(b["attention_mask"])
+    )
+    forced = np.asarray(models.token_logprobs(logits[:, :-1], jnp.asarray(b["tokens"][:, 1:])))
+    on = b["loss_mask"][:, 1:] > 0
+    np.testing.assert_allclose(forced[on], b["old_logprobs"][:, 1:][on], atol=1e-4)
+
+
+def test_second_rollout_does_not_recompile(rolled):
+    model, agent, tasks, _ = rolled
+    before = _sample._cache_size()
+    ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(4))
+    assert _sample._cache_size() == before
+    assert ro.batch["tokens"].shape == (4, P + M)
+
+
+def test_batch_size_chunks_keep_rows_and_shapes():
+    model, agent = _agent(batch_size=3)
+    tasks = [_task("a"), _task("b")]
+    ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(5))
+    assert ro.batch["tokens"].shape == (4, P + M) and len(ro.programs) == 4
+    before = _sample._cache_size()
+    agent.rollout(model.params, tasks[:1], group_size=2, key=jax.random.key(6))  # 2 rows < 3
+    assert _sample._cache_size() == before
+
+
+def test_greedy_programs_deterministic(rolled):
+    model, agent, tasks, _ = rolled
+    first = agent.greedy_programs(model.params, tasks)
+    assert len(first) == 2 and first == agent.greedy_programs(model.params, tasks)
+    assert agent.greedy_programs(model.params, []) == []
+
+
+def test_prompt_truncation_keeps_instructions():
+    model, agent = _agent()
+    head, tail = "HEADMARK " * 40, " TAILMARK" * 40
+    long = _task("long", description=head + "filler words " * 3000 + tail)
+    ids = agent.solver_prompt_ids(long)
+    assert len(ids) <= P
+    text = model.tokenizer.decode(ids)
+    assert solver_instructions(long) in text
+    assert "characters truncated" in text and "HEADMARK" in text and "TAILMARK" in text
+    assert text.rstrip().endswith("<|im_start|>assistant")
+    short = model.tokenizer.decode(agent.solver_prompt_ids(_task()))
+    reference = models.render_chat(model.tokenizer, agent.solver_messages(_task()))
+    assert agent.solver_prompt_ids(_task()) == reference.ids.tolist()
+    assert "truncated" not in short and "features f0..f3" in short
+    _, tiny = _agent(max_prompt_tokens=64)
+    with pytest.raises(ValueError, match="instructions alone"):
+        tiny.solver_prompt_ids(_task())
+
+
+def test_predict_on_gibberish_is_unusable():
+    model, agent = _agent(stop_ids=(2,))
+    tasks = [_task("a")]
+    ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(7))
+    out = agent.predict(model.params, tasks, ro, key=jax.random.key(8))
+    assert isinstance(out, WMOutput)
+    assert out.mean.shape == (2,) and out.mean.dtype == np.float32
+    assert np.isnan(out.mean).all() and np.isinf(out.var).all()
+    assert out.parse_failures == 2 and agent.last_answer_failures == 2 * 2
+    prompt = sum(len(agent.wm_prompt_ids(tasks[0], p)) for p in ro.programs) * 2
+    assert prompt < out.wm_tokens <= prompt + 2 * 2 * 8
+
+
+def _stub(answers, calls):
+    """A sampler returning `answers[row]` as the generated text of each row."""
+    tok = load(FIXTURE).tokenizer
+
+    def sample_fn(model, ids, mask, key, *, max_new_tokens, **kw):
+        calls.append((np.asarray(ids).shape, kw))
+        rows = [tok(a, add_special_tokens=False)["input_ids"] + [2] for a in answers]
+        width = max(max_new_tokens, *map(len, rows))
+        tokens = np.zeros((len(rows), width), np.int32)
+        live = np.zeros((len(rows), width), np.int32)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)], live[i, : len(r)] = r, 1
+        return SampleOutput(tokens, np.where(live, -1.0, 0.0), live, live.sum(1))
+
+    return sample_fn
+
+
+def test_predict_parses_stubbed_answers():
+    ans = lambda p, q: "Reasoning. " + json.dumps({"valid_probability": p, "percentile": q})
+    answers = [ans(1, 0.6), ans(1, 0.8), "no json here", ans(0.5, 1.0)]
+    calls = []
+    model, agent = _agent(sample_fn=_stub(answers, calls), invalid_reward=0.0, stop_ids=(2,))
+    ro = types.SimpleNamespace(programs=["print(1)", "print(2)"])
+    out = agent.predict(model.params, [_task("a")], ro, key=jax.random.key(0))
+    # Row 0: mean of 0.6 and 0.8, variance 0 + sample variance 0.02 (law of total variance).
+    # Row 1: one usable answer, p = 0.5, q = 1: mean 0.5, variance p (1 - p) q^2 = 0.25.
+    np.testing.assert_allclose(out.mean, [0.7, 0.5], atol=1e-6)
+    np.testing.assert_allclose(out.var, [0.02, 0.25], atol=1e-6)
+    assert out.parse_failures == 0 and agent.last_answer_failures == 1
+    assert calls[0][0] == (4, agent.wm_max_prompt_tokens)
+    assert calls[0][1]["temperature"] == 1.0 and calls[0][1]["eos_ids"] == (2,)
+
+
+def test_anchors_in_wm_prompt():
+    model, agent = _agent(anchors_per_task=2)
+    task = _task("a")
+    outcome = lambda s, q: types.SimpleNamespace(status=s, percentile=q)
+    agent.observe(task, "print('first')", outcome("ok", 0.9))
+    agent.observe(task, "print('second')", outcome("error", math.nan))
+    agent.observe(task, "print('skip')", outcome("infra_error", math.nan))
+    agent.observe(task, "print('third')", outcome("ok", 0.25))
+    kept = agent.anchors(task)
+    assert [a.program for a in kept] == ["print('second')", "print('third')"]
+    assert [a.valid for a in kept] == [False, True] and kept[1].percentile == 0.25
+    text = model.tokenizer.decode(agent.wm_prompt_ids(task, "print(4)"))
+    assert "Executed example 2 (outcome: valid submission, leaderboard percentile 0.250)" in text
+    assert "no valid submission" in text and "print(4)" in text
+    assert agent.anchors(_task("b")) == []
+    # A prompt limit too small for anchors drops them (oldest first) before cutting the task.
+    bare = len(_agent()[1].wm_prompt_ids(task, "print(4)"))
+    _, small = _agent(anchors_per_task=2, wm_max_prompt_tokens=bare)
+    small._anchors = agent._anchors
+    text = model.tokenizer.decode(small.wm_prompt_ids(task, "print(4)"))
+    assert "Executed example" not in text and "features f0..f3" in text
+    assert "truncated" not in text
+
+
+def test_errors():
+    model = load(FIXTURE)
+    base = dict(max_prompt_tokens=P, max_new_tokens=M, wm_max_new_tokens=4, wm_samples=1)
+    base.update(temperature=1.0, top_p=1.0, top_k=0)
+    for bad in (dict(max_new_tokens=0), dict(wm_samples=0), dict(temperature=0.0)):
+        with pytest.raises(ValueError):
+            TextAgent(model.graphdef, model.tokenizer, **{**base, **bad})
+    agent = TextAgent(model.graphdef, model.tokenizer, **base)
+    with pytest.raises(ValueError, match="group_size"):
+        agent.rollout(model.params, [_task()], group_size=0, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="wm_max_prompt_tokens=32"):
+        TextAgent(model.graphdef, model.tokenizer, **base, wm_max_prompt_tokens=32).wm_prompt_ids(
+            _task(), "print(1)"
+        )
+    agent.observe(_task(), "print(1)", types.SimpleNamespace(status="ok", percentile=0.5))
+    assert agent.anchors(_task()) == []  # anchors_per_task=0 keeps none
+    ro = types.SimpleNamespace(programs=["a", "b", "c"])
+    with pytest.raises(ValueError, match="do not split"):
+        agent.predict(model.params, [_task("a"), _task("b")], ro, key=jax.random.key(0))

@@ -1,0 +1,438 @@
+"""`TextAgent`: the training loop's Agent over a real chat LLM (Qwen3 checkpoints).
+
+The same backbone plays both roles. As the policy it reads a solver prompt (task
+description, data report, fixed instructions) and writes one Python program per
+sample; as the world model (WM) it reads `render_wm_prompt` for a (task, program)
+pair and answers with a JSON prediction, sampled K times and combined by the law
+of total variance.
+
+Shapes stay fixed for a fixed config, so neither the sampler nor the train step
+recompiles between steps: solver prompts are left padded to `max_prompt_tokens`
+(P), completions to `max_new_tokens` (M), WM prompts to `wm_max_prompt_tokens`,
+and with `batch_size` every generation call is cut into equal chunks (the last
+one padded with copies of a real row, whose outputs are dropped).
+
+Token accounting (for the compute ledger): `gen_tokens` and `wm_tokens` count,
+over the rows actually asked for, the real (non-padding) prompt tokens of every
+row (a prompt sampled G or K times counts G or K times, as the prefill computes
+it that often) plus every generated token including the stop token.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from wmrl_jax.envs.grading import DEFAULT_FLOORS
+from wmrl_jax.models.api import left_pad
+from wmrl_jax.models.sampler import sample
+from wmrl_jax.train.agent import Rollout, WMOutput
+from wmrl_jax.worldmodel.parsing import combine, parse_wm_answer, to_arrays
+from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
+
+SOLVER_SYSTEM = (
+    "You are an expert machine-learning engineer. You write one complete, correct and "
+    "efficient Python program that solves a data-science task."
+)
+_CODE_BLOCK = re.compile(r"```(?:python3?|py)[ \t]*\n", re.IGNORECASE)
+
+
+def extract_program(text: str) -> str:
+    """The last fenced Python block of `text`; the whole text when there is none.
+
+    An unclosed last block (generation cut by the token budget) runs to the end.
+
+    Example:
+        >>> extract_program("Plan.\\n```python\\nprint(1)\\n```\\nDone.")
+        'print(1)\\n'
+    """
+    openers = list(_CODE_BLOCK.finditer(text))
+    if not openers:
+        return text
+    body = text[openers[-1].end() :]
+    end = body.find("```")
+    return body if end == -1 else body[:end]
+
+
+def middle_cut(text: str, keep: int) -> str:
+    """`text` with its middle replaced by a marker so that `keep` characters remain."""
+    if keep >= len(text):
+        return text
+    head = keep // 2
+    tail = text[len(text) - (keep - head) :] if keep > head else ""
+    return f"{text[:head]}\n[... {len(text) - keep} characters truncated ...]\n{tail}"
+
+
+def solver_instructions(task, *, libraries: str = "numpy and scikit-learn") -> str:
+    """The fixed instructions closing every solver prompt (never truncated)."""
+    sub = task.submission
+    metric = task.metric.name or task.metric.grader
+    columns = ", ".join([sub.id_column, *sub.target_columns])
+    return (
+        "Write one complete Python program that:\n"
+        "1. reads `train.csv` and `test.csv` (CSV files with a header row) from the directory "
+        "given by the environment variable WMRL_INPUT_DIR, e.g. "
+        "`os.path.join(os.environ['WMRL_INPUT_DIR'], 'train.csv')`;\n"
+        "2. trains a model on the training rows and predicts every test row;\n"
+        f"3. writes `{sub.file}` into the directory given by the environment variable "
+        f"WMRL_OUTPUT_DIR: a CSV file with a header row and exactly the columns {columns}, "
+        "one row per test row, in the test file's order.\n"
+        f"The submission is scored with {metric} ({task.metric.direction} is better). "
+        f"Use only the Python standard library, {libraries}. Answer with the whole program "
+        "in a single ```python code block."
+    )
+
+
+class _ModelView(NamedTuple):
+    """What `models.sample` reads from a model, for a graphdef held without its params."""
+
+    graphdef: Any
+    params: Any
+    config: Any = None
+
+
+def _default_stop_ids(tokenizer) -> tuple[int, ...]:
+    ids = {tokenizer.eos_token_id}
+    vocab = tokenizer.get_vocab()
+    ids |= {vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab}
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+class TextAgent:
+    """Agent (policy + world model) over a chat LLM; see the module docstring.
+
+    Args:
+        model_graphdef: `nnx.GraphDef` of the `Qwen3` (params come with each call).
+        tokenizer: its `transformers` tokenizer, with a chat template.
+        max_prompt_tokens: P, the fixed solver prompt length; the description and
+            data report are cut from the middle to fit, the instructions never.
+        max_new_tokens: M, the completion budget; the train batch has T = P + M.
+        wm_max_new_tokens: the WM answer budget.
+        wm_samples: K answers sampled per program.
+        temperature, top_p, top_k: sampling filters for both roles.
+        system_prompt: solver system prompt (default `SOLVER_SYSTEM`).
+        anchors_per_task: executed programs kept per task (`observe`) and shown
+            in later WM prompts; 0 disables in-context anchors.
+        wm_max_prompt_tokens: fixed WM prompt length; default
+            P + (1 + anchors_per_task) * M. Anchors are dropped (oldest first), then
+            context and program cut from the middle, to fit.
+        invalid_reward: reward of an invalid submission, the WM's floor.
+        batch_size: rows per generation call (None = all rows in one call).
+        stop_ids: stop tokens (default: the tokenizer's EOS, <|im_end|>, <|endoftext|>).
+        mesh: optional mesh for the sampler's KV cache.
+        sample_fn: the sampler (`models.sample`), injectable for tests.
+        chat_template_kwargs: extra chat-template variables, e.g.
+            `{"enable_thinking": False}` for Qwen3's template.
+
+    Example:
+        >>> model = models.from_pretrained("path/to/qwen3")
+        >>> agent = TextAgent(model.graphdef, model.tokenizer, max_prompt_tokens=2048,
+        ...     max_new_tokens=1024, wm_max_new_tokens=256, wm_samples=4,
+        ...     temperature=1.0, top_p=1.0, top_k=0)
+        >>> ro = agent.rollout(model.params, tasks, group_size=8, key=jax.random.key(0))
+        >>> wm = agent.predict(model.params, tasks, ro, key=jax.random.key(1))
+    """
+
+    def __init__(
+        self,
+        model_graphdef,
+        tokenizer,
+        *,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        wm_max_new_tokens: int,
+        wm_samples: int,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        system_prompt: str | None = None,
+        anchors_per_task: int = 0,
+        wm_max_prompt_tokens: int | None = None,
+        invalid_reward: float = DEFAULT_FLOORS.invalid,
+        batch_size: int | None = None,
+        stop_ids: Sequence[int] | None = None,
+        mesh=None,
+        sample_fn: Callable = sample,
+        chat_template_kwargs: dict | None = None,
+    ):
+        for name, value in (
+            ("max_prompt_tokens", max_prompt_tokens),
+            ("max_new_tokens", max_new_tokens),
+            ("wm_max_new_tokens", wm_max_new_tokens),
+            ("wm_samples", wm_samples),
+        ):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"bad sampling filters: {temperature=}, {top_p=}, {top_k=}")
+        if anchors_per_task < 0 or (batch_size is not None and batch_size < 1):
+            raise ValueError(f"bad {anchors_per_task=} or {batch_size=}")
+        self.graphdef = model_graphdef
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.max_new_tokens = int(max_new_tokens)
+        self.wm_max_new_tokens = int(wm_max_new_tokens)
+        self.wm_samples = int(wm_samples)
+        self.wm_max_prompt_tokens = int(
+            wm_max_prompt_tokens or max_prompt_tokens + (1 + anchors_per_task) * max_new_tokens
+        )
+        self.sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+        self.system_prompt = SOLVER_SYSTEM if system_prompt is None else system_prompt
+        self.anchors_per_task = int(anchors_per_task)
+        self.invalid_reward = float(invalid_reward)
+        self.batch_size = batch_size
+        self.stop_ids = tuple(stop_ids) if stop_ids is not None else _default_stop_ids(tokenizer)
+        if not self.stop_ids:
+            raise ValueError("no stop token: pass stop_ids or use a tokenizer with an EOS")
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(self.stop_ids[0] if pad is None else pad)
+        self.mesh = mesh
+        self.sample_fn = sample_fn
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self._solver_cache: dict[tuple[str, str], list[int]] = {}
+        self._anchors: dict[str, collections.deque] = {}
+        self.last_answer_failures = 0
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def _ids(self, messages) -> list[int]:
+        # As `models.render_chat` (prompt only), plus template options such as Qwen3's
+        # `enable_thinking`; one tokenisation per prompt.
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True, **self.template_kwargs
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _fit(self, build: Callable[[int | None], list], total: int, limit: int):
+        """Token ids of `build(keep)` for the largest kept-character count that fits `limit`.
+
+        `build(None)` is the uncut prompt; returns None when even `build(0)` is too long.
+        """
+        ids = self._ids(build(None))
+        if len(ids) <= limit:
+            return ids
+        best = self._ids(build(0))
+        if len(best) > limit:
+            return None
+        lo, hi = 0, total  # build(lo) fits; search the largest such lo.
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            cand = self._ids(build(mid))
+            if len(cand) <= limit:
+                lo, best = mid, cand
+            else:
+                hi = mid
+        return best
+
+    def solver_messages(self, task, keep: int | None = None) -> list[dict[str, str]]:
+        """Solver chat messages; `keep` cuts description + data report to that many chars."""
+        texts = [task.description.strip(), (task.data_report or "").strip()]
+        if keep is not None:
+            total = max(sum(len(t) for t in texts), 1)
+            texts = [middle_cut(t, keep * len(t) // total) for t in texts]
+        parts = ["# Task", texts[0]]
+        if texts[1]:
+            parts += ["# Data report", texts[1]]
+        parts += ["# Instructions", solver_instructions(task)]
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
+
+    def solver_prompt_ids(self, task) -> list[int]:
+        """The task's solver prompt ids (cached), at most `max_prompt_tokens` long."""
+        cache_key = (task.id, task.public_dir)
+        if cache_key not in self._solver_cache:
+            total = len(task.description) + len(task.data_report or "")
+            ids = self._fit(
+                lambda keep: self.solver_messages(task, keep), total, self.max_prompt_tokens
+            )
+            if ids is None:
+                raise ValueError(
+                    f"task {task.id!r}: instructions alone exceed max_prompt_tokens="
+                    f"{self.max_prompt_tokens}"
+                )
+            self._solver_cache[cache_key] = ids
+        return self._solver_cache[cache_key]
+
+    def wm_prompt_ids(self, task, program: str) -> list[int]:
+        """WM prompt ids for (task, program), at most `wm_max_prompt_tokens` long."""
+        description, report = task.description, task.data_report or ""
+        anchors = list(self._anchors.get(task.id, ()))
+        limit = self.wm_max_prompt_tokens
+
+        def build(keep, anchors, program_chars=8000):
+            texts = [description, report]
+            if keep is not None:
+                total = max(len(description) + len(report), 1)
+                texts = [middle_cut(t, keep * len(t) // total) for t in texts]
+            return render_wm_prompt(
+                description=texts[0],
+                program=program,
+                data_report=texts[1] or None,
+                anchors=anchors,
+                max_program_chars=program_chars,
+            )
+
+        while True:  # Drop the oldest anchors before cutting the task context.
+            ids = self._ids(build(None, anchors))
+            if len(ids) <= limit or not anchors:
+                break
+            anchors = anchors[1:]
+        if len(ids) > limit:
+            total = len(description) + len(report)
+            ids = self._fit(lambda keep: build(keep, []), total, limit)
+        if ids is None:
+            ids = self._fit(
+                lambda keep: build(0, [], 8000 if keep is None else keep), len(program), limit
+            )
+        if ids is None:
+            raise ValueError(f"WM prompt cannot fit wm_max_prompt_tokens={limit}")
+        return ids
+
+    # -- generation ------------------------------------------------------------------------
+
+    def _generate(self, params, prompts: list[list[int]], length: int, repeat: int, key, **kw):
+        """Left pads `prompts` to `length`, repeats each row `repeat` times, samples.
+
+        Returns:
+            (prompt ids [R, length], prompt mask [R, length], SampleOutput as numpy [R, M]).
+        """
+        ids, mask = left_pad(prompts, self.pad_id, length)
+        ids, mask = np.repeat(ids, repeat, axis=0), np.repeat(mask, repeat, axis=0)
+        rows = ids.shape[0]
+        size = rows if self.batch_size is None else self.batch_size
+        chunks = []
+        for c, start in enumerate(range(0, rows, size)):
+            take = np.arange(start, start + size)
+            take = np.where(take < rows, take, rows - 1)  # pad the last chunk with a real row
+            out = self.sample_fn(
+                _ModelView(self.graphdef, params),
+                ids[take],
+                mask[take],
+                jax.random.fold_in(key, c),
+                params=params,
+                eos_ids=self.stop_ids,
+                pad_id=self.pad_id,
+                mesh=self.mesh,
+                **kw,
+            )
+            n = min(size, rows - start)
+            chunks.append([np.asarray(x)[:n] for x in out])
+        out = type(out)(*(np.concatenate(parts) for parts in zip(*chunks, strict=True)))
+        return ids, mask, out
+
+    def _decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+        stops = set(self.stop_ids)
+        rows = [
+            [int(t) for t, m in zip(r, k, strict=True) if m and t not in stops]
+            for r, k in zip(tokens, mask, strict=True)
+        ]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+    def rollout(self, params, tasks: Sequence, *, group_size: int, key) -> Rollout:
+        """Samples `group_size` programs per task; rows are task-major (N = len(tasks) * G).
+
+        Returns:
+            `Rollout` with N programs and the train batch, arrays of shape [N, P + M]:
+            tokens, attention_mask (int32), loss_mask and old_logprobs (float32; the
+            untempered policy's log-probs of the sampled tokens, stop token included).
+        """
+        if not tasks or group_size < 1:
+            raise ValueError(f"need tasks and group_size >= 1, got {len(tasks)}, {group_size}")
+        prompts = [self.solver_prompt_ids(t) for t in tasks]
+        ids, mask, out = self._generate(
+            params,
+            prompts,
+            self.max_prompt_tokens,
+            group_size,
+            key,
+            max_new_tokens=self.max_new_tokens,
+            **self.sampling,
+        )
+        live = out.mask.astype(np.int32)
+        batch = {
+            "tokens": np.concatenate([ids, out.tokens.astype(np.int32)], axis=1),
+            "attention_mask": np.concatenate([mask, live], axis=1),
+            "loss_mask": np.concatenate([np.zeros_like(mask), live], axis=1).astype(np.float32),
+            "old_logprobs": np.concatenate(
+                [np.zeros(mask.shape, np.float32), np.where(live > 0, out.logprobs, 0.0)], axis=1
+            ).astype(np.float32),
+        }
+        programs = [extract_program(t) for t in self._decode(out.tokens, live)]
+        return Rollout(programs, batch, int(mask.sum()) + int(live.sum()))
+
+    def greedy_programs(self, params, tasks: Sequence) -> list[str]:
+        """One greedily decoded program per task (evaluation)."""
+        if not tasks:
+            return []
+        prompts = [self.solver_prompt_ids(t) for t in tasks]
+        _, _, out = self._generate(
+            params,
+            prompts,
+            self.max_prompt_tokens,
+            1,
+            jax.random.key(0),
+            max_new_tokens=self.max_new_tokens,
+            greedy=True,
+        )
+        return [extract_program(t) for t in self._decode(out.tokens, out.mask)]
+
+    # -- world model -----------------------------------------------------------------------
+
+    def predict(self, params, tasks: Sequence, rollout: Rollout, *, key) -> WMOutput:
+        """WM predictions for the rollout's programs (row i judged under tasks[i // G]).
+
+        Returns:
+            `WMOutput`: mean / var float32 [N] on the reward scale (NaN / inf where no
+            answer of the K parses), the WM tokens, and `parse_failures`: the number of
+            programs (of N) with no usable answer. `last_answer_failures` keeps the
+            number of unusable answers among the N * K sampled.
+        """
+        n = len(rollout.programs)
+        if not tasks or n % len(tasks):
+            raise ValueError(f"{n} programs do not split into groups over {len(tasks)} tasks")
+        group = n // len(tasks)
+        prompts = [self.wm_prompt_ids(tasks[i // group], p) for i, p in enumerate(rollout.programs)]
+        _, mask, out = self._generate(
+            params,
+            prompts,
+            self.wm_max_prompt_tokens,
+            self.wm_samples,
+            key,
+            max_new_tokens=self.wm_max_new_tokens,
+            **self.sampling,
+        )
+        answers = [
+            parse_wm_answer(t, invalid_reward=self.invalid_reward)
+            for t in self._decode(out.tokens, out.mask)
+        ]
+        k = self.wm_samples
+        combined = [combine(answers[i * k : (i + 1) * k]) for i in range(n)]
+        mean, var = to_arrays(combined)
+        var = np.where(np.isnan(mean), np.inf, var).astype(np.float32)
+        self.last_answer_failures = sum(not a.usable for a in answers)
+        failures = sum(not c.usable for c in combined)
+        return WMOutput(mean, var, int(mask.sum()) + int(out.mask.sum()), failures)
+
+    def observe(self, task, program: str, outcome) -> None:
+        """Keeps an executed (program, outcome) as an in-context anchor for `task`.
+
+        Outcomes with status "infra_error" say nothing about the program and are skipped.
+        """
+        if self.anchors_per_task == 0 or outcome.status == "infra_error":
+            return
+        valid = outcome.status == "ok" and math.isfinite(outcome.percentile)
+        anchor = AnchorExample(program, valid, float(outcome.percentile) if valid else 0.0)
+        queue = self._anchors.setdefault(task.id, collections.deque(maxlen=self.anchors_per_task))
+        queue.append(anchor)
+
+    def anchors(self, task) -> list[AnchorExample]:
+        """The anchors currently shown for `task`, oldest first."""
+        return list(self._anchors.get(task.id, ()))
