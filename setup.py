@@ -21,6 +21,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["wmrl_jax", "wmrl_jax.*"]),
+    # The native kernels' source (compiled on first use) and the recipe benchmark table.
+    package_data={"wmrl_jax": ["core/_native/*.cc", "envs/data/*.npz"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.5",

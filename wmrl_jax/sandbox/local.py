@@ -185,6 +185,10 @@ class LocalExecutor(BaseExecutor):
         limits: resource limits (`Limits`); `cpus` is not enforced locally.
         timeout_s: default wall-clock timeout.
         max_workers: threads behind `submit`.
+        switch_user: run each program under its own unprivileged uid (only
+            possible as root). Default: when root and the interpreter is
+            reachable by such a uid; an explicit `python` that is not reachable
+            then runs as the current user, with a warning.
     """
 
     def __init__(
@@ -194,11 +198,22 @@ class LocalExecutor(BaseExecutor):
         limits: Limits | None = None,
         timeout_s: float = 60.0,
         max_workers: int | None = None,
+        switch_user: bool | None = None,
     ):
         super().__init__(max_workers=max_workers)
         self.limits = limits or Limits()
         self.timeout_s = timeout_s
-        self.switch_user = os.geteuid() == 0
+        self.switch_user = os.geteuid() == 0 if switch_user is None else switch_user
+        if self.switch_user and os.geteuid() != 0:
+            raise ValueError("switch_user=True needs root")
+        if python is not None and switch_user is None and self.switch_user:
+            if not _world_executable(python):
+                self.switch_user = False
+                log.warning(
+                    "%s is not reachable by an unprivileged uid, so programs run as the "
+                    "current user (root): rlimits and a private directory only",
+                    python,
+                )
         if python is None:
             python = sys.executable
             if self.switch_user and not _world_executable(python):

@@ -1,0 +1,165 @@
+"""Program -> Outcome: sandbox statuses to rewards, and replays from the recipe table."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.envs.test_recipes import local_executor, shared_suite
+from wmrl_jax.envs import grading, recipes, tabular
+from wmrl_jax.envs.outcomes import Outcome, ReplayExecutor, SandboxOutcomes, failed_outcome
+from wmrl_jax.envs.task import load_task
+from wmrl_jax.sandbox import ExecutionResult
+
+TABLE = os.path.join(os.path.dirname(tabular.__file__), "data", "recipe_table.npz")
+FLOORS = grading.DEFAULT_FLOORS
+
+COPY_SAMPLE = """
+import os, shutil
+shutil.copy(os.path.join(os.environ["WMRL_INPUT_DIR"], "sample_submission.csv"),
+            os.path.join(os.environ["WMRL_OUTPUT_DIR"], "submission.csv"))
+"""
+GARBAGE = """
+import os
+with open(os.path.join(os.environ["WMRL_OUTPUT_DIR"], "submission.csv"), "w") as f:
+    f.write("id,p_0\\nnot,a number\\n")
+"""
+
+
+@pytest.fixture(scope="session")
+def suite_dir(tmp_path_factory) -> str:
+    return shared_suite(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def iris(suite_dir):
+    return load_task(os.path.join(suite_dir, "iris"))
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    executor = local_executor(timeout_s=60, max_workers=2)
+    outcomes = SandboxOutcomes(executor)
+    yield outcomes
+    outcomes.close()
+
+
+def test_sandbox_statuses_and_floor_rewards(sandbox, iris):
+    cases = {
+        "ok": COPY_SAMPLE,
+        "error": "raise RuntimeError('boom')",
+        "invalid": GARBAGE,
+        "missing": "print('no file written')",
+    }
+    futures = {k: sandbox.submit(iris, src) for k, src in cases.items()}
+    slow = SandboxOutcomes(sandbox.executor, timeout_s=1.0, close_executor=False)
+    futures["timeout"] = slow.submit(iris, "import time\ntime.sleep(30)")
+    got = {k: f.result(timeout=120) for k, f in futures.items()}
+
+    ok = got["ok"]
+    assert ok.status == "ok" and ok.reward == ok.percentile and ok.seconds > 0
+    # The sample submission is the ladder's constant prior: the same score as on the board.
+    expected = grading.grade(iris, os.path.join(iris.public_dir, "sample_submission.csv"))
+    assert ok.score == expected.score and ok.percentile == expected.percentile
+    assert (got["error"].status, got["error"].reward) == ("error", FLOORS.error)
+    assert "boom" in got["error"].message
+    assert (got["invalid"].status, got["invalid"].reward) == ("invalid", FLOORS.invalid)
+    assert (got["missing"].status, got["missing"].reward) == ("invalid", FLOORS.invalid)
+    assert "missing" in got["missing"].message
+    assert (got["timeout"].status, got["timeout"].reward) == ("timeout", FLOORS.timeout)
+    for k in ("error", "invalid", "missing", "timeout"):
+        assert math.isnan(got[k].score) and math.isnan(got[k].percentile)
+
+
+class _FakeExecutor:
+    """Returns a fixed result, raises in submit, or fails its future."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.closed = False
+
+    def submit(self, source, *, input_dir=None, timeout_s=None):
+        if self.mode == "raise":
+            raise RuntimeError("engine unreachable")
+        future = concurrent.futures.Future()
+        if self.mode == "fail":
+            future.set_exception(OSError("lost the container"))
+        else:
+            future.set_result(
+                ExecutionResult(status=self.mode, wall_seconds=2.5, message="daemon died")
+            )
+        return future
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("mode", ["infra_error", "raise", "fail"])
+def test_infra_errors_get_nan_rewards(iris, mode):
+    executor = _FakeExecutor(mode)
+    outcomes = SandboxOutcomes(executor)
+    outcome = outcomes.submit(iris, "print(1)").result(timeout=5)
+    assert outcome.status == "infra_error" and math.isnan(outcome.reward)
+    assert outcome.message
+    outcomes.close()
+    assert executor.closed
+
+
+def test_custom_floors_and_oom(iris):
+    floors = grading.RewardFloors(oom=-3.0, infra_error=-9.0)
+    outcome = SandboxOutcomes(_FakeExecutor("oom"), floors=floors).submit(iris, "x").result()
+    assert (outcome.status, outcome.reward, outcome.seconds) == ("oom", -3.0, 2.5)
+    assert failed_outcome("infra_error", floors=floors).reward == -9.0
+    with pytest.raises(ValueError, match="failure"):
+        failed_outcome("ok")
+
+
+@pytest.fixture(scope="module")
+def replay():
+    return ReplayExecutor(tabular.RecipeTable.load(TABLE))
+
+
+@pytest.mark.parametrize("index", [0, 7, 100, 287])
+def test_replay_returns_the_recorded_outcome(replay, iris, index):
+    source = recipes.compile_program(recipes.recipe_from_index(index), iris)
+    future = replay.submit(iris, source)
+    assert future.done()
+    outcome = future.result()
+    table, t = replay.table, replay.table.row("iris")
+    assert isinstance(outcome, Outcome)
+    assert outcome.status == table.status_names("iris")[index]
+    assert outcome.seconds == pytest.approx(
+        table.seconds[t, index] + table.meta["startup_seconds"], rel=1e-12
+    )
+    assert outcome.reward == table.reward("iris")[index]
+    np.testing.assert_equal(outcome.score, table.score[t, index])
+    np.testing.assert_equal(outcome.percentile, table.percentile("iris")[index])
+    assert replay.recipe_of(iris, source) == index
+
+
+def test_replay_rejects_unknown_programs_and_other_data(replay, iris, tmp_path):
+    with pytest.raises(ValueError, match="'iris'.*not one of the 288 compiled recipes"):
+        replay.submit(iris, COPY_SAMPLE)
+    copy = tmp_path / "iris"
+    shutil.copytree(os.path.dirname(iris.public_dir), copy)
+    test_csv = copy / "public" / "test.csv"
+    test_csv.chmod(0o644)
+    test_csv.write_text(test_csv.read_text() + "")  # same bytes: still accepted
+    fresh = ReplayExecutor(replay.table)
+    task = load_task(copy)
+    assert fresh.submit(task, recipes.compile_program(recipes.Recipe(0, 0, 0, 0), task)).done()
+    test_csv.write_text(test_csv.read_text().replace("\n1,", "\n1,9", 1))
+    other = ReplayExecutor(replay.table)
+    with pytest.raises(tabular.TableError, match="'iris': data digest"):
+        other.submit(task, recipes.compile_program(recipes.Recipe(0, 0, 0, 0), task))
+
+
+def test_replay_rejects_a_task_outside_the_table(replay, make_task):
+    task = load_task(make_task())
+    with pytest.raises(tabular.TableError, match="'toy' is not in the recipe table"):
+        replay.submit(task, "print(1)")
