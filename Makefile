@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench engine sandbox-image fixtures clean
+.PHONY: install run study controlled test lint bench engine sandbox-image fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,12 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 run: $(STAMP)
+	$(PY) -m experiments.train --config=experiments/configs/tiny_cpu.py --workdir=outputs/tiny_cpu
+
+study: $(STAMP)
+	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py --workdir=outputs/study_compute --readme=README.md
+
+controlled: $(STAMP)
 	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled
 
 lint: $(STAMP)

@@ -220,5 +220,10 @@ class ReplayExecutor:
         reward = float(self._rewards[task.id][r])
         return _resolved(Outcome("ok", reward, pct, float(self.table.score[t, r]), seconds))
 
+    def lookup(self, task: Task, source: str) -> Outcome:
+        """The recorded outcome, as an oracle: studies compare the rewards they feed to
+        GRPO with every sample's true reward (nothing is charged; the caller decides)."""
+        return self.submit(task, source).result()
+
     def close(self) -> None:
         """Nothing to release; for the shared submit/close API."""

@@ -92,7 +92,13 @@ class RecipeAgent:
         self._prompts: dict[str, np.ndarray] = {}
         self._sample = jax.jit(
             lambda params, prompts, key, greedy: recipe_lm.sample_recipes(
-                graphdef, params, prompts, key, temperature=self.temperature, greedy=greedy
+                graphdef,
+                params,
+                prompts,
+                key,
+                vocab=vocab,
+                temperature=self.temperature,
+                greedy=greedy,
             ),
             static_argnames="greedy",
         )
@@ -111,9 +117,7 @@ class RecipeAgent:
 
     def _programs(self, tasks: Sequence[Task], tokens: np.ndarray, group_size: int) -> list[str]:
         recipes_ = recipe_lm.recipes_from_tokens(self.vocab, tokens)
-        return [
-            recipes.compile_program(r, tasks[i // group_size]) for i, r in enumerate(recipes_)
-        ]
+        return [recipes.compile_program(r, tasks[i // group_size]) for i, r in enumerate(recipes_)]
 
     def rollout(self, params, tasks: Sequence[Task], *, group_size: int, key) -> Rollout:
         prompts = np.repeat(self.prompts(tasks), group_size, axis=0)
@@ -141,6 +145,24 @@ class RecipeAgent:
         # [prompt, recipe, PREDICT] per row, one forward each.
         wm_tokens = int(prompts.size + recipe_tokens.size + len(prompts))
         return WMOutput(mean, var, wm_tokens, failures)
+
+    def aux_batch(self, tasks: Sequence[Task], rollout: Rollout, real, executed) -> dict:
+        """World-model targets on executed samples, for the train step's auxiliary loss.
+
+        Returns `aux_tokens` [N, P+S+2] = [prompt, recipe, PREDICT, bin of the real
+        reward] and `aux_mask` [N, P+S+2], 1 on the bin token of executed samples.
+        """
+        g = len(rollout.programs) // len(tasks)
+        prompts = np.repeat(self.prompts(tasks), g, axis=0)
+        recipe_tokens = self.recipe_tokens(rollout)
+        seq = np.asarray(recipe_lm.wm_tokens(prompts, recipe_tokens, vocab=self.vocab))
+        ok = np.asarray(executed, bool) & np.isfinite(real)
+        bins = self.vocab.bin_ids()[self.vocab.reward_to_bin(np.where(ok, real, 0.0))]
+        bins = np.where(ok, bins, self.vocab.pad).astype(np.int32)
+        tokens = np.concatenate([seq, bins[:, None]], axis=1).astype(np.int32)
+        mask = np.zeros(tokens.shape, np.float32)
+        mask[:, -1] = ok
+        return {"aux_tokens": tokens, "aux_mask": mask}
 
     def greedy_programs(self, params, tasks: Sequence[Task]) -> list[str]:
         prompts = self.prompts(tasks)

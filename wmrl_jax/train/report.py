@@ -97,3 +97,150 @@ def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pat
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def format_run_summary(summary: dict) -> str:
+    """A training run's summary as a short markdown table."""
+    ledger = summary["ledger"]
+    rows = [
+        ("arm", summary["arm"]),
+        ("executor", summary["environment"]),
+        ("held-out percentile, before", f"{summary['heldout_before']:.3f}"),
+        ("held-out percentile, after", f"{summary['heldout_after']:.3f}"),
+        ("real executions (training)", f"{int(ledger['executions'])}"),
+        ("execution seconds (training)", f"{ledger['exec_seconds']:.1f}"),
+        ("generation / WM seconds", f"{ledger['gen_seconds']:.1f} / {ledger['wm_seconds']:.1f}"),
+        ("compute seconds (gen + WM + exec)", f"{summary['compute_seconds']:.1f}"),
+    ]
+    for key, label in (
+        ("correction/bias_raw", "WM bias on the last anchors, raw"),
+        ("correction/bias_debiased", "WM bias on the last anchors, debiased"),
+        ("correction/sigma2_wm", "σ²_wm"),
+        ("correction/sigma2_real", "σ²_real"),
+        ("correction/fused_weight_wm", "weight on the WM in fusion"),
+        ("correction/rank_corr", "WM–real rank correlation (anchor buffer)"),
+    ):
+        value = summary.get("calibration", {}).get(key)
+        if value is not None and math.isfinite(value):
+            rows.append((label, f"{value:.4f}"))
+    lines = ["| | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
+    return "\n".join(lines)
+
+
+def plot_run(history: list[dict], path: str | pathlib.Path) -> None:
+    """Held-out percentile against compute seconds and against real executions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    compute = [h["gen_seconds"] + h["wm_seconds"] + h["exec_seconds"] for h in history]
+    executions = [h["executions"] for h in history]
+    pct = [h["eval/heldout_percentile"] for h in history]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    axes[0].plot(compute, pct, marker="o")
+    axes[0].set_xlabel("compute seconds (generation + WM + execution)")
+    axes[1].plot(executions, pct, marker="o")
+    axes[1].set_xlabel("real executions")
+    for ax in axes:
+        ax.set_ylabel("held-out percentile")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_run_report(summary: dict, workdir: str | pathlib.Path) -> str:
+    """Writes `summary.json`, `summary.md` and `heldout.png`; returns the table."""
+    workdir = pathlib.Path(workdir)
+    write_json(workdir / "summary.json", summary)
+    table = format_run_summary(summary)
+    (workdir / "summary.md").write_text(table + "\n")
+    plot_run(summary["history"], workdir / "heldout.png")
+    return table
+
+
+def fmt_number(value, spec: str = ".3f") -> str:
+    return "—" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
+    """The compute study's markdown table (one row per run label)."""
+    head = (
+        "| run | held-out percentile, start → final ± s.e. | compute s (gen+WM+exec) "
+        "| executions | seeds reaching real's final | compute to target, ratio real / run "
+        "(median [min, max]) | fed-reward bias, first → last quarter | fed error variance, last "
+        "quarter |\n|---|---|---|---|---|---|---|---|"
+    )
+    rows = []
+    for label in labels or list(analysis):
+        r = analysis[label]
+        ratio = (
+            f"{fmt_number(r['ratio_median'], '.2f')}× [{fmt_number(r['ratio_min'], '.2f')}, "
+            f"{fmt_number(r['ratio_max'], '.2f')}]"
+            if r["ratio_median"] is not None
+            else "not reached"
+        )
+        bias = (
+            f"{fmt_number(r.get('oracle/fed_bias/first_quarter'), '+.3f')} → "
+            f"{fmt_number(r.get('oracle/fed_bias/last_quarter'), '+.3f')}"
+        )
+        rows.append(
+            f"| {label} | {r['heldout_before']:.3f} → {r['heldout_final']:.3f} ± "
+            f"{r['heldout_final_se']:.3f} | {r['compute_total']:.0f} | {r['executions_total']:.0f} "
+            f"| {r['reached']}/{r['seeds']} | {ratio} | {bias} "
+            f"| {fmt_number(r.get('oracle/fed_error_var/last_quarter'), '.4f')} |"
+        )
+    return "\n".join([head, *rows])
+
+
+def plot_compute_study(results: dict, labels: list[str], path, *, step_series) -> None:
+    """Percentile vs compute and vs execution seconds (bands: ± s.e. over seeds);
+    fed-reward bias and error variance over training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from wmrl_jax.train.study import curves
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for label in labels:
+        c = curves(results[label])
+        n = c["percentile"].shape[0]
+        mean = c["percentile"].mean(0)
+        se = c["percentile"].std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * mean
+        for ax, xkey in ((axes[0, 0], "compute"), (axes[0, 1], "exec_seconds")):
+            x = c[xkey].mean(0)
+            ax.plot(x, mean, label=label)
+            ax.fill_between(x, mean - se, mean + se, alpha=0.2)
+        steps = np.arange(1, len(results[label][0]["steps"]) + 1)
+        for ax, key in ((axes[1, 0], "oracle/fed_bias"), (axes[1, 1], "oracle/fed_error_var")):
+            series = step_series(results[label], key)
+            if np.isfinite(series).any():
+                y = _smooth_mean(series, 5)
+                ax.plot(steps[len(steps) - len(y) :], y, label=label)
+    axes[0, 0].set_xlabel("compute seconds (generation + WM + execution)")
+    axes[0, 1].set_xlabel("execution seconds")
+    for ax in axes[0]:
+        ax.set_ylabel("held-out percentile")
+    axes[1, 0].set_ylabel("bias of fed rewards (vs true)")
+    axes[1, 1].set_ylabel("error variance of fed rewards")
+    for ax in axes[1]:
+        ax.set_xlabel("policy update")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def replace_between_markers(text: str, name: str, body: str) -> str:
+    """Replaces the text between `<!-- name:begin -->` and `<!-- name:end -->`."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        raise ValueError(f"markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"

@@ -72,6 +72,21 @@ BATCH_SPEC = {
     "old_logprobs": (2, jnp.float32),
     "advantages": (1, jnp.float32),
 }
+# Optional auxiliary next-token loss (e.g. the world model's score-bin token on executed
+# anchors, so the backbone that writes solutions keeps predicting their outcome):
+# `aux_mask` marks the target tokens, aligned with `aux_tokens`; on when loss.aux_coef != 0.
+AUX_SPEC = {"aux_tokens": (2, jnp.int32), "aux_mask": (2, jnp.float32)}
+
+
+def batch_spec(config) -> dict:
+    """The batch keys this step config reads: `BATCH_SPEC`, plus `AUX_SPEC` when on."""
+    return {**BATCH_SPEC, **(AUX_SPEC if _aux_coef(config) else {})}
+
+
+def _aux_coef(config) -> float:
+    return float(config.loss.get("aux_coef", 0.0) or 0.0)
+
+
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Token-mean metrics of grpo_loss, recombined across micro-batches by token counts.
 _TOKEN_MEANS = ("pg_loss", "kl", "clip_frac", "ratio_mean", "adv_mean")
@@ -108,6 +123,8 @@ def check_step_config(config) -> None:
         problems.append(f"need 0 <= clip_low < 1, clip_high >= 0; got {c.clip_low}, {c.clip_high}")
     if c.kl_coef < 0:
         problems.append(f"loss.kl_coef must be >= 0, got {c.kl_coef}")
+    if (c.get("aux_coef") or 0) < 0:
+        problems.append(f"loss.aux_coef must be >= 0, got {c.aux_coef}")
     if c.aggregation == "seq_sum_norm" and not (c.get("norm_constant") or 0) > 0:
         problems.append("aggregation 'seq_sum_norm' needs loss.norm_constant > 0")
     for name in ("num_microbatches", "num_epochs"):
@@ -190,7 +207,9 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
     kl_on = c.kl_coef != 0
     if kl_on and ref_logprobs is None:
         raise ValueError("ref_logprobs are required when loss.kl_coef != 0.")
-    data = {k: batch[k] for k in BATCH_SPEC}
+    aux_coef = _aux_coef(config)
+    data = {k: batch[k] for k in batch_spec(config)}
+    total_aux = jnp.maximum(jnp.sum(data["aux_mask"]), 1.0) if aux_coef else None
     if kl_on:
         data["ref_logprobs"] = ref_logprobs
     valid = _valid(data["loss_mask"])
@@ -223,7 +242,15 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
         tokens = jnp.sum(ok).astype(jnp.float32)
         metrics["entropy"] = jnp.sum(jnp.where(ok, entropy, 0.0)) / jnp.maximum(tokens, 1.0)
         metrics["tokens"] = tokens
-        return loss * scale, metrics
+        loss = loss * scale
+        if aux_coef:  # Normalised by the whole batch's aux targets: an exact global mean.
+            aux_logp, _ = sequence_logprobs(
+                graphdef, p, mb["aux_tokens"], jnp.ones_like(mb["aux_tokens"]), compute_dtype=dtype
+            )
+            aux_nll = -jnp.sum(mb["aux_mask"] * aux_logp) / total_aux
+            metrics["aux_nll"] = aux_nll
+            loss = loss + aux_coef * aux_nll
+        return loss, metrics
 
     def body(carry, mb):
         grads, sums = carry
@@ -232,6 +259,7 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
         share = metrics["tokens"] / jnp.maximum(total_tokens, 1.0)
         seen = metrics["tokens"] > 0
         sums = {
+            **({"aux_nll": sums["aux_nll"] + metrics["aux_nll"]} if aux_coef else {}),
             "loss": sums["loss"] + loss,
             **{k: sums[k] + metrics[k] * share for k in (*_TOKEN_MEANS, "entropy")},
             "ratio_min": jnp.minimum(
@@ -248,6 +276,8 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
         zeros = jax.lax.with_sharding_constraint(zeros, state_lib.tree_shardings(zeros, mesh))
     sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", *_TOKEN_MEANS, "entropy")}
     sums |= {"ratio_min": jnp.float32(1e30), "ratio_max": jnp.float32(-1e30)}
+    if aux_coef:
+        sums["aux_nll"] = jnp.zeros((), jnp.float32)
     (grads, sums), _ = jax.lax.scan(body, (zeros, sums), micro)
     any_valid = total_tokens > 0
     sums["ratio_min"] = jnp.where(any_valid, sums["ratio_min"], 1.0)
@@ -275,11 +305,12 @@ def split_microbatches(data: dict, num_microbatches: int, mesh: Mesh | None = No
     return {k: split(v) for k, v in data.items()}
 
 
-def check_batch(batch, *, num_microbatches: int, batch_shards: int = 1) -> None:
+def check_batch(batch, *, num_microbatches: int, batch_shards: int = 1, spec=None) -> None:
     """Raises ValueError unless ``batch`` has the train-batch layout and divisible B."""
-    missing = [k for k in BATCH_SPEC if k not in batch]
+    spec = BATCH_SPEC if spec is None else spec
+    missing = [k for k in spec if k not in batch]
     if missing:
-        raise ValueError(f"batch is missing {missing}; expected keys {sorted(BATCH_SPEC)}.")
+        raise ValueError(f"batch is missing {missing}; expected keys {sorted(spec)}.")
     b, t = np.shape(batch["tokens"])[:2] if np.ndim(batch["tokens"]) == 2 else (None, None)
     if b is None:
         raise ValueError(f"tokens must have shape [B, T], got {np.shape(batch['tokens'])}.")
@@ -289,6 +320,13 @@ def check_batch(batch, *, num_microbatches: int, batch_shards: int = 1) -> None:
             raise ValueError(f"{key} must have shape {want}, got {tuple(np.shape(batch[key]))}.")
     if t < 2:
         raise ValueError(f"sequences need T >= 2 tokens (a prefix and a target), got T={t}.")
+    if "aux_tokens" in spec:
+        aux = np.shape(batch["aux_tokens"])
+        if len(aux) != 2 or aux[0] != b or np.shape(batch["aux_mask"]) != aux:
+            raise ValueError(
+                f"aux_tokens and aux_mask must both have shape [B={b}, L], got {aux} and "
+                f"{np.shape(batch['aux_mask'])}."
+            )
     if b % (num_microbatches * batch_shards):
         raise ValueError(
             f"batch size {b} is not divisible by num_microbatches x batch shards "
@@ -322,7 +360,8 @@ class TrainStep:
         self.graphdef, self.optimizer, self.config, self.mesh = graphdef, optimizer, config, mesh
         self.batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
         rows = NamedSharding(mesh, PartitionSpec(BATCH))
-        self.batch_shardings = {k: rows for k in BATCH_SPEC}
+        self.spec = batch_spec(config)
+        self.batch_shardings = {k: rows for k in self.spec}
         self._replicated = NamedSharding(mesh, PartitionSpec())
         self._state_shardings = state_shardings
         self._jitted = None
@@ -342,10 +381,13 @@ class TrainStep:
     def shard_batch(self, batch) -> dict:
         """Checks the batch, casts it to the layout's dtypes and places it."""
         check_batch(
-            batch, num_microbatches=self.config.num_microbatches, batch_shards=self.batch_shards
+            batch,
+            num_microbatches=self.config.num_microbatches,
+            batch_shards=self.batch_shards,
+            spec=self.spec,
         )
         out = {}
-        for key, (_, dtype) in BATCH_SPEC.items():
+        for key, (_, dtype) in self.spec.items():
             x = batch[key]
             x = x.astype(dtype) if isinstance(x, jax.Array) else np.asarray(x, dtype)
             out[key] = jax.device_put(x, self.batch_shardings[key])

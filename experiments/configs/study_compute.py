@@ -1,0 +1,47 @@
+r"""The compute study: WMRL against real-execution GRPO on the built-in suite, replayed.
+
+    python -m experiments.study_compute --config=experiments/configs/study_compute.py \
+        --workdir=outputs/study_compute --readme=README.md
+
+Every run is the real training loop with the tiny backbone (warm-started as in
+the main job); the recipe benchmark replays each program's recorded outcome
+and charges its recorded execution seconds. Variant ``:runlocal`` (2 seeds,
+a few steps) is what the tests run.
+"""
+
+import ml_collections
+
+from experiments.configs import common
+
+
+def get_config(arg: str | None = None):
+    """Returns the study config; `arg` selects a variant ("runlocal")."""
+    config = common.base_config()
+    config.executor.kind = "replay"
+    config.num_steps = 60
+    config.tasks_per_step = 20  # 20 groups: ρ = 0.05 is one anchor group per step.
+    config.group_size = 8
+    config.eval_every = 5
+    config.checkpoint.every = 60
+    config.checkpoint.keep = 1
+
+    config.study = ml_collections.ConfigDict()
+    config.study.num_seeds = 5
+    config.study.arms = ("real", "wm_naive", "wm_debias", "wmrl")
+    config.study.rho_sweep = (0.05, 0.1, 0.2, 0.3)
+    config.study.warm_sweep = (40, 150, 600)  # Warm-start steps: the WM's quality.
+    config.study.warm_sweep_arms = ("real", "wmrl")
+    config.study.smooth = 3  # Evaluation points in the moving average.
+    if arg == "runlocal":
+        config.num_steps = 4
+        config.tasks_per_step = 4
+        config.eval_every = 2
+        config.warm_start.steps = 5
+        config.study.num_seeds = 2
+        config.study.rho_sweep = (0.1, 0.5)
+        config.study.warm_sweep = (5, 10)
+        config.study.smooth = 1
+    elif arg:
+        raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
+    config.lock()
+    return config

@@ -1,0 +1,169 @@
+"""The compute study: real-execution compute to reach the same agent, per arm, over seeds.
+
+Every run is the real training loop (`loop.Trainer`) on the built-in suite,
+with the recipe benchmark replaying each program's recorded outcome and
+charging its recorded execution seconds to the ledger. Per seed the backbone
+is warm-started once, and every arm starts from that same policy: arms differ
+only in the rewards they feed to GRPO.
+
+Measures (see `analyse`):
+
+* held-out percentile (mean ± standard error over seeds) against cumulative
+  compute (generation + world model + execution) and against execution
+  seconds alone;
+* compute-to-target: the compute at which an arm's smoothed held-out
+  percentile first reaches the final smoothed percentile of `real` (per seed);
+  the headline is `real / wmrl`;
+* the bias and error variance of the rewards fed to GRPO (against each
+  sample's true replayed reward), σ² estimates, fusion weights and the
+  WM–real rank correlation, over training.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Iterable
+
+import jax
+import ml_collections
+import numpy as np
+
+from wmrl_jax.train import components, loop
+
+
+def _with(config: ml_collections.ConfigDict, **overrides) -> ml_collections.ConfigDict:
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        for key, value in overrides.items():
+            node = config
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+    return config
+
+
+def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
+    """(label, overrides) of every run per seed: the arms, then the ρ and WM-quality sweeps."""
+    s = config.study
+    runs = [(arm, {"arm": arm}) for arm in s.arms]
+    for rho in s.rho_sweep:
+        if rho != config.anchor_fraction:
+            runs.append((f"wmrl_rho{rho:g}", {"arm": "wmrl", "anchor_fraction": rho}))
+    for warm in s.warm_sweep:
+        if warm != config.warm_start.steps:
+            for arm in s.warm_sweep_arms:
+                runs.append((f"{arm}_warm{warm}", {"arm": arm, "warm_start.steps": warm}))
+    return runs
+
+
+def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
+    """Runs every (seed, run) pair; returns `{label: [summary per seed]}`."""
+    tasks = components.load_tasks(config)
+    table = components.load_table(config)
+    runs = study_runs(config)
+    results: dict[str, list[dict]] = {label: [] for label, _ in runs}
+    for seed in range(config.study.num_seeds):
+        agents: dict[int, tuple] = {}
+        for label, overrides in runs:
+            run_config = _with(config, seed=config.seed + seed, **overrides)
+            warm = run_config.warm_start.steps
+            if warm not in agents:  # One warm start per (seed, length), shared by the arms.
+                key = jax.random.split(jax.random.key(run_config.seed))[1]
+                agents[warm] = components.make_recipe_agent(run_config, tasks, table, key)
+            agent, params, info = agents[warm]
+            outcomes, _ = components.make_outcomes(run_config, table=table)
+            start = time.perf_counter()
+            summary = loop.train_and_evaluate(
+                run_config,
+                os.path.join(workdir, "runs", f"{label}_seed{seed}"),
+                outcomes=outcomes,
+                prebuilt=(agent, jax.tree.map(lambda x: x.copy(), params), info),
+            )
+            results[label].append(summary)
+            log(
+                f"seed {seed} {label:>22}: held-out {summary['heldout_before']:.3f} -> "
+                f"{summary['heldout_after']:.3f}, compute {summary['compute_seconds']:.0f} s, "
+                f"{time.perf_counter() - start:.1f} s wall"
+            )
+    return results
+
+
+def _smooth(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average along the last axis (shorter windows at the start)."""
+    c = np.cumsum(np.pad(x, [(0, 0)] * (x.ndim - 1) + [(1, 0)]), axis=-1)
+    n = np.arange(1, x.shape[-1] + 1)
+    w = np.minimum(n, window)
+    return (c[..., n] - c[..., n - w]) / w
+
+
+def curves(summaries: Iterable[dict]) -> dict[str, np.ndarray]:
+    """Eval-point curves of shape [seeds, points]: steps, compute, execution seconds, percentile."""
+    hist = [s["history"] for s in summaries]
+    field = lambda f: np.array([[h[f] for h in run] for run in hist], np.float64)  # noqa: E731
+    return {
+        "step": field("step"),
+        "compute": field("gen_seconds") + field("wm_seconds") + field("exec_seconds"),
+        "exec_seconds": field("exec_seconds"),
+        "executions": field("executions"),
+        "percentile": field("eval/heldout_percentile"),
+    }
+
+
+def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float:
+    """The first x at which y >= target (NaN if never)."""
+    hit = np.flatnonzero(y >= target - 1e-12)
+    return float(x[hit[0]]) if hit.size else float("nan")
+
+
+def step_series(summaries: Iterable[dict], key: str) -> np.ndarray:
+    """A per-step metric of shape [seeds, steps] (NaN where absent)."""
+    return np.array([[s.get(key, np.nan) for s in run["steps"]] for run in summaries], np.float64)
+
+
+def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "real") -> dict:
+    """Per run label: final percentile, compute-to-target and its ratio to `baseline`."""
+    base = curves(results[baseline])
+    targets = _smooth(base["percentile"], smooth)[:, -1]  # Per seed.
+    out = {}
+    for label, summaries in results.items():
+        c = curves(summaries)
+        sm = _smooth(c["percentile"], smooth)
+        reach = np.array([first_reach(c["compute"][i], sm[i], t) for i, t in enumerate(targets)])
+        reach_exec = np.array(
+            [first_reach(c["exec_seconds"][i], sm[i], t) for i, t in enumerate(targets)]
+        )
+        base_reach = np.array(
+            [first_reach(base["compute"][i], _smooth(base["percentile"], smooth)[i], t)
+             for i, t in enumerate(targets)]
+        )  # fmt: skip
+        ratio = base_reach / reach
+        n = len(summaries)
+        final = c["percentile"][:, -1]
+        row = {
+            "seeds": n,
+            "heldout_before": float(np.mean(c["percentile"][:, 0])),
+            "heldout_final": float(np.mean(final)),
+            "heldout_final_se": float(np.std(final, ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
+            "heldout_final_smoothed": float(np.mean(sm[:, -1])),
+            "compute_total": float(np.mean(c["compute"][:, -1])),
+            "exec_seconds_total": float(np.mean(c["exec_seconds"][:, -1])),
+            "executions_total": float(np.mean(c["executions"][:, -1])),
+            "reached": int(np.sum(np.isfinite(reach))),
+            "compute_to_target": reach.tolist(),
+            "exec_seconds_to_target": reach_exec.tolist(),
+            "ratio_vs_baseline": ratio.tolist(),
+            "ratio_median": float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else None,
+            "ratio_min": float(np.nanmin(ratio)) if np.isfinite(ratio).any() else None,
+            "ratio_max": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else None,
+        }
+        for key in ("oracle/fed_bias", "oracle/fed_error_var", "correction/rank_corr"):
+            series = step_series(summaries, key)
+            if np.isfinite(series).any():
+                q = max(1, series.shape[1] // 4)
+                row[f"{key}/first_quarter"] = float(np.nanmean(series[:, :q]))
+                row[f"{key}/last_quarter"] = float(np.nanmean(series[:, -q:]))
+        out[label] = row
+    return out
