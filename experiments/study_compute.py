@@ -67,7 +67,13 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
                 f"{config.num_steps} updates per run, {wall / 60:.0f} min on this CPU). "
                 f"Headline, compute to reach `real`'s final held-out percentile, real / wmrl: "
                 f"**{report.fmt_number(headline.get('ratio_median'), '.2f')}×** (median over seeds "
-                f"that reach it; {headline.get('reached', 0)}/{headline.get('seeds', 0)} do).",
+                f"that reach it; {headline.get('reached', 0)}/{headline.get('seeds', 0)} do)."
+                + (
+                    ""
+                    if headline.get("heldout_target_above_start", True)
+                    else " Here `real` itself ends no higher on held-out tasks than it starts, "
+                    "so the held-out target says nothing; see the train-task columns."
+                ),
                 "",
                 table,
                 "",

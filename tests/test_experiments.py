@@ -79,3 +79,29 @@ def test_kill_and_resume_continue_the_run(tmp_path):
     proc.wait()
     _run(config, victim, *flags, "--config.checkpoint.every=2")
     assert _history(victim) == _history(tmp_path / "full")
+
+
+def test_compute_study_runlocal_writes_its_outputs(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- study:begin -->\nold\n<!-- study:end -->\ntail\n")
+    cmd = [
+        sys.executable, "-m", "experiments.study_compute",
+        "--config=experiments/configs/study_compute.py:runlocal",
+        f"--workdir={tmp_path / 'study'}", f"--readme={readme}",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert set(results["analysis"]) >= {"real", "wm_naive", "wm_debias", "wmrl"}
+    assert (
+        results["analysis"]["real"]["executions_total"]
+        > results["analysis"]["wmrl"]["executions_total"]
+        > results["analysis"]["wm_naive"]["executions_total"]
+        == 0
+    )
+    text = readme.read_text()
+    assert "old" not in text and "| wmrl |" in text and text.endswith("tail\n")
+    assert (tmp_path / "docs" / "study_compute.png").stat().st_size > 0

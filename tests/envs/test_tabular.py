@@ -133,3 +133,23 @@ def test_load_refuses_other_data(tmp_path, suite_dir):
         tabular.RecipeTable.load(TABLE, suite=os.fspath(mini))
     with pytest.raises(tabular.TableError, match="no task of the recipe table"):
         tabular.RecipeTable.load(TABLE, suite=os.fspath(tmp_path))
+
+
+def test_update_re_executes_only_stale_tasks(tmp_path, suite_dir):
+    mini = tmp_path / "suite"
+    for task_id in ("iris", "moons_high_noise"):
+        shutil.copytree(os.path.join(suite_dir, task_id), mini / task_id)
+    base = tabular.build(os.fspath(mini), workers=1, indices=[0, 100], log=None)
+    assert tabular.stale_tasks(base, os.fspath(mini)) == []
+    # New training data for one task: only that task is stale.
+    train = mini / "moons_high_noise" / "public" / "train.csv"
+    train.chmod(0o644)
+    lines = train.read_text().splitlines(keepends=True)
+    train.write_text("".join(lines[:-1]))
+    assert tabular.stale_tasks(base, os.fspath(mini)) == ["moons_high_noise"]
+    update = tabular.build(os.fspath(mini), workers=1, only=["moons_high_noise"], indices=[0], log=None)
+    merged = tabular.merge(base, update)
+    assert merged.task_ids == base.task_ids
+    np.testing.assert_array_equal(merged.score[0], base.score[0])  # iris untouched
+    np.testing.assert_array_equal(merged.score[1], update.score[0])
+    assert tabular.stale_tasks(merged, os.fspath(mini)) == []

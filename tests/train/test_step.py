@@ -281,3 +281,31 @@ def test_benchmark_tiny_preset(tmp_path):
     payload = bench.main(["--preset", "tiny", "--repeats", "2", "--json", str(out)])
     assert payload["tokens_per_s"] > 0 and payload["step_s"] > 0
     assert payload["traces"] == 1 and out.exists()
+
+
+def test_auxiliary_loss_is_the_global_token_mean_nll(model, mesh):
+    """aux_coef * mean NLL of the masked aux targets, exact across micro-batches."""
+    batch = make_batch(4, 16, seed=2)
+    rng = np.random.default_rng(3)
+    batch["aux_tokens"] = rng.integers(0, 64, size=(4, 7)).astype(np.int32)
+    mask = np.zeros((4, 7), np.float32)
+    mask[[0, 0, 2, 3], [6, 3, 6, 1]] = 1.0  # Unequal counts per row; row 1 has none.
+    batch["aux_mask"] = mask
+    base = step_config(num_microbatches=1)
+    step0, state0 = build(model, mesh, base)
+    loss0, _, _ = step0.loss_and_grads(state0, batch)
+    logits = qwen3.apply(model.graphdef, model.params, jnp.asarray(batch["aux_tokens"]))
+    logp = log_softmax64(logits)[:, :-1]
+    nll = -np.take_along_axis(logp, batch["aux_tokens"][:, 1:, None], -1)[..., 0]
+    expected = (nll * mask[:, 1:]).sum() / mask.sum()
+    out = {}
+    for m in (1, 2):
+        config = step_config(num_microbatches=m, loss=dict(aux_coef=0.5))
+        step, state = build(model, mesh, config)
+        out[m] = step.loss_and_grads(state, batch)
+        np.testing.assert_allclose(float(out[m][2]["aux_nll"]), expected, rtol=1e-5)
+        np.testing.assert_allclose(float(out[m][0]), float(loss0) + 0.5 * expected, rtol=1e-5)
+    for a, b in zip(*(jax.tree_util.tree_leaves(out[m][1]) for m in (1, 2)), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="aux_tokens"):
+        step.loss_and_grads(state, {k: v for k, v in batch.items() if k != "aux_tokens"})

@@ -435,6 +435,44 @@ def build(
     return RecipeTable(tuple(t.id for t in tasks), status, score, seconds, boards, meta, wall)
 
 
+def stale_tasks(table: RecipeTable, suite_dir: str) -> list[str]:
+    """Suite tasks whose data or compiled programs differ from the table's (or are absent)."""
+    out = []
+    for task in _suite_tasks(suite_dir, None):
+        info = table.meta["tasks"].get(task.id)
+        if (
+            info is None
+            or info["data_digest"] != data_digest(task)
+            or info["programs_digest"] != programs_digest(recipe_digests(task))
+        ):
+            out.append(task.id)
+    return out
+
+
+def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
+    """`base` with the tasks of `update` replaced or added (start-up overhead from `base`)."""
+    ids = list(base.task_ids) + [t for t in update.task_ids if t not in base.task_ids]
+    arrays = {}
+    for name in ("status", "score", "seconds", "wall_seconds"):
+        rows = []
+        for task_id in ids:
+            src = update if task_id in update.task_ids else base
+            values = getattr(src, name)
+            rows.append(
+                values[src.row(task_id)]
+                if values is not None
+                else np.full(recipes.NUM_RECIPES, np.nan)
+            )
+        arrays[name] = np.stack(rows)
+    meta = json.loads(json.dumps(base.meta))
+    meta["tasks"].update(json.loads(json.dumps(update.meta["tasks"])))
+    boards = {**base.boards, **update.boards}
+    return RecipeTable(
+        tuple(ids), arrays["status"], arrays["score"], arrays["seconds"], boards, meta,
+        arrays["wall_seconds"],
+    )  # fmt: skip
+
+
 def summary(table: RecipeTable) -> str:
     """Per task: best and median percentile over recipes, invalid share, mean seconds."""
     lines = [f"{'task':24s} {'best':>6s} {'median':>6s} {'failed':>6s} {'mean_s':>7s}"]
@@ -462,6 +500,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", default=None, help="comma-separated task ids")
     p.add_argument("--recipes", default=None, help="comma-separated recipe indices (estimates)")
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="re-execute only the tasks whose data or programs changed, into the existing --out",
+    )
     p = sub.add_parser("refresh-boards", help="re-read the boards without re-executing")
     p.add_argument("--suite", required=True)
     p.add_argument("--table", required=True)
@@ -471,7 +514,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "build":
         only = args.only.split(",") if args.only else None
         indices = [int(i) for i in args.recipes.split(",")] if args.recipes else None
-        table = build(args.suite, workers=args.workers, only=only, indices=indices)
+        if args.update and os.path.exists(args.out):
+            base = RecipeTable.load(args.out)
+            only = only or stale_tasks(base, args.suite)
+            print(f"re-executing {only or 'nothing'}", file=sys.stderr)
+            table = base.with_boards(args.suite)
+            if only:
+                table = merge(table, build(args.suite, workers=args.workers, only=only))
+        else:
+            table = build(args.suite, workers=args.workers, only=only, indices=indices)
         table.save(args.out)
     elif args.command == "refresh-boards":
         table = RecipeTable.load(args.table).with_boards(args.suite)

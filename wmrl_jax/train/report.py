@@ -169,8 +169,9 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
     head = (
         "| run | held-out percentile, start → final ± s.e. | compute s (gen+WM+exec) "
         "| executions | seeds reaching real's final | compute to target, ratio real / run "
-        "(median [min, max]) | fed-reward bias, first → last quarter | fed error variance, last "
-        "quarter |\n|---|---|---|---|---|---|---|---|"
+        "(median [min, max]) | train-task true reward, start → final | same on train tasks: "
+        "ratio real / run | fed-reward bias, first → last quarter | fed error variance, last "
+        "quarter |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = []
     for label in labels or list(analysis):
@@ -179,7 +180,7 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
             f"{fmt_number(r['ratio_median'], '.2f')}× [{fmt_number(r['ratio_min'], '.2f')}, "
             f"{fmt_number(r['ratio_max'], '.2f')}]"
             if r["ratio_median"] is not None
-            else "not reached"
+            else "—"
         )
         bias = (
             f"{fmt_number(r.get('oracle/fed_bias/first_quarter'), '+.3f')} → "
@@ -188,7 +189,10 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
         rows.append(
             f"| {label} | {r['heldout_before']:.3f} → {r['heldout_final']:.3f} ± "
             f"{r['heldout_final_se']:.3f} | {r['compute_total']:.0f} | {r['executions_total']:.0f} "
-            f"| {r['reached']}/{r['seeds']} | {ratio} | {bias} "
+            f"| {r['reached']}/{r['seeds']} | {ratio} "
+            f"| {r['train_reward_start']:.3f} → {r['train_reward_final']:.3f} "
+            f"| {fmt_number(r['train_ratio_median'], '.2f')}× ({r['train_reached']}/{r['seeds']}) "
+            f"| {bias} "
             f"| {fmt_number(r.get('oracle/fed_error_var/last_quarter'), '.4f')} |"
         )
     return "\n".join([head, *rows])

@@ -123,6 +123,10 @@ def step_series(summaries: Iterable[dict], key: str) -> np.ndarray:
     return np.array([[s.get(key, np.nan) for s in run["steps"]] for run in summaries], np.float64)
 
 
+def _nanstat(fn, x: np.ndarray):
+    return float(fn(x)) if np.isfinite(x).any() else None
+
+
 def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "real") -> dict:
     """Per run label: final percentile, compute-to-target and its ratio to `baseline`."""
     base = curves(results[baseline])
@@ -139,7 +143,9 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
             [first_reach(base["compute"][i], _smooth(base["percentile"], smooth)[i], t)
              for i, t in enumerate(targets)]
         )  # fmt: skip
-        ratio = base_reach / reach
+        with np.errstate(divide="ignore", invalid="ignore"):
+            # A run at or above the target from the start has no finite ratio.
+            ratio = np.where(reach > 0, base_reach / reach, np.nan)
         n = len(summaries)
         final = c["percentile"][:, -1]
         row = {
@@ -155,10 +161,35 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
             "compute_to_target": reach.tolist(),
             "exec_seconds_to_target": reach_exec.tolist(),
             "ratio_vs_baseline": ratio.tolist(),
-            "ratio_median": float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else None,
-            "ratio_min": float(np.nanmin(ratio)) if np.isfinite(ratio).any() else None,
-            "ratio_max": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else None,
+            "ratio_median": _nanstat(np.nanmedian, ratio),
+            "ratio_min": _nanstat(np.nanmin, ratio),
+            "ratio_max": _nanstat(np.nanmax, ratio),
         }
+        # The same on the training tasks: the true reward of the samples (replay knows
+        # it), smoothed over steps, against real's final value.
+        train = _smooth(step_series(summaries, "oracle/true_reward"), 5)
+        train_compute = step_series(summaries, "ledger/compute_seconds")
+        base_train = _smooth(step_series(results[baseline], "oracle/true_reward"), 5)
+        base_train_compute = step_series(results[baseline], "ledger/compute_seconds")
+        t_reach = np.array([first_reach(train_compute[i], train[i], base_train[i, -1])
+                            for i in range(n)])  # fmt: skip
+        t_base = np.array([first_reach(base_train_compute[i], base_train[i], base_train[i, -1])
+                           for i in range(n)])  # fmt: skip
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_ratio = np.where(t_reach > 0, t_base / t_reach, np.nan)
+        row.update(
+            {
+                "train_reward_start": float(np.mean(train[:, 0])),
+                "train_reward_final": float(np.mean(train[:, -1])),
+                "train_reached": int(np.sum(np.isfinite(t_reach))),
+                "train_ratio_vs_baseline": t_ratio.tolist(),
+                "train_ratio_median": _nanstat(np.nanmedian, t_ratio),
+                # Whether the baseline's held-out target is above its own start at all.
+                "heldout_target_above_start": bool(
+                    np.mean(targets) > np.mean(base["percentile"][:, 0])
+                ),
+            }
+        )
         for key in ("oracle/fed_bias", "oracle/fed_error_var", "correction/rank_corr"):
             series = step_series(summaries, key)
             if np.isfinite(series).any():
