@@ -59,3 +59,11 @@ def make_task(tmp_path):
         return os.fspath(root)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def builtin_suite():
+    """The full built-in suite for seed 0, built once per generator source (cached on disk)."""
+    from wmrl_jax.envs import builtin
+
+    return builtin.cached_suite(seed=0)

@@ -147,7 +147,9 @@ def test_update_re_executes_only_stale_tasks(tmp_path, suite_dir):
     lines = train.read_text().splitlines(keepends=True)
     train.write_text("".join(lines[:-1]))
     assert tabular.stale_tasks(base, os.fspath(mini)) == ["moons_high_noise"]
-    update = tabular.build(os.fspath(mini), workers=1, only=["moons_high_noise"], indices=[0], log=None)
+    update = tabular.build(
+        os.fspath(mini), workers=1, only=["moons_high_noise"], indices=[0], log=None
+    )
     merged = tabular.merge(base, update)
     assert merged.task_ids == base.task_ids
     np.testing.assert_array_equal(merged.score[0], base.score[0])  # iris untouched
