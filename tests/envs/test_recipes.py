@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import os
 import sys
@@ -125,7 +126,15 @@ def test_program_format_follows_the_task(suite_dir):
     assert 'writer.writerow(["id", "p_0", "p_1", "p_2"])' in iris
     assert "HEDGE" in iris
     moons = recipes.compile_program(r, load_task(os.path.join(suite_dir, "moons_high_noise")))
-    assert "np.argmax(proba, axis=1)" in moons
+    assert 'writer.writerow(["id", "p_0", "p_1"])' in moons
+    # An accuracy task (none in the suite today) writes class indices.
+    task = load_task(os.path.join(suite_dir, "moons_high_noise"))
+    accuracy = dataclasses.replace(
+        task,
+        metric=dataclasses.replace(task.metric, name="accuracy", direction="higher"),
+        submission=dataclasses.replace(task.submission, target_columns=("target",)),
+    )
+    assert "np.argmax(proba, axis=1)" in recipes.compile_program(r, accuracy)
     sine = recipes.compile_program(r, load_task(os.path.join(suite_dir, "sine_smooth")))
     assert "Ridge(alpha=1.0)" in sine and "proba" not in sine
 

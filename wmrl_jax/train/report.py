@@ -37,20 +37,22 @@ def _smooth_mean(x: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(np.nan_to_num(np.nanmean(x, 0)), kernel, mode="valid")
 
 
-def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pathlib.Path) -> None:
+def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pathlib.Path):
     """Plots the controlled study: reward vs step and vs executions, bias, variance.
 
     Args:
       results: `{arm: {metric: array [num_seeds, num_steps]}}`.
       config: the study config.
       path: where to write the PNG.
+
+    Returns:
+      The `matplotlib.figure.Figure` (display it in a notebook; no pyplot state).
     """
-    import matplotlib
+    # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    fig = Figure(figsize=(20, 4.2))
+    axes = fig.subplots(1, 4)
     for arm, out in results.items():
         reward = out["true_reward"]
         mean = reward.mean(0)
@@ -96,7 +98,7 @@ def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pat
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def format_run_summary(summary: dict) -> str:
@@ -127,17 +129,17 @@ def format_run_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_run(history: list[dict], path: str | pathlib.Path) -> None:
-    """Held-out percentile against compute seconds and against real executions."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot_run(history: list[dict], path: str | pathlib.Path):
+    """Held-out percentile against compute seconds and against real executions; writes
+    `path` and returns the figure."""
+    # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
+    from matplotlib.figure import Figure
 
     compute = [h["gen_seconds"] + h["wm_seconds"] + h["exec_seconds"] for h in history]
     executions = [h["executions"] for h in history]
     pct = [h["eval/heldout_percentile"] for h in history]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig = Figure(figsize=(9, 3.2))
+    axes = fig.subplots(1, 2)
     axes[0].plot(compute, pct, marker="o")
     axes[0].set_xlabel("compute seconds (generation + WM + execution)")
     axes[1].plot(executions, pct, marker="o")
@@ -147,7 +149,7 @@ def plot_run(history: list[dict], path: str | pathlib.Path) -> None:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def write_run_report(summary: dict, workdir: str | pathlib.Path) -> str:
@@ -198,17 +200,16 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
     return "\n".join([head, *rows])
 
 
-def plot_compute_study(results: dict, labels: list[str], path, *, step_series) -> None:
+def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
     """Percentile vs compute and vs execution seconds (bands: ± s.e. over seeds);
-    fed-reward bias and error variance over training."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fed-reward bias and error variance over training. Writes `path`, returns the figure."""
+    # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
+    from matplotlib.figure import Figure
 
     from wmrl_jax.train.study import curves
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig = Figure(figsize=(11, 7))
+    axes = fig.subplots(2, 2)
     for label in labels:
         c = curves(results[label])
         n = c["percentile"].shape[0]
@@ -237,7 +238,7 @@ def plot_compute_study(results: dict, labels: list[str], path, *, step_series) -
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def replace_between_markers(text: str, name: str, body: str) -> str:

@@ -1,0 +1,422 @@
+"""The built-in offline suite with its synthetic leaderboards: the one command.
+
+    python -m wmrl_jax.envs.builtin build --out DIR [--seed 0] [--workers 2] [--only ID,ID]
+
+Each task (`suite`) gets a board of a few hundred competitors (`ladder`):
+single models really fitted in parallel worker processes and scored on the
+private answers, then tuned ensembles built from the candidates' out-of-fold
+predictions on the training data only. Every file is byte-identical across
+builds of one seed except `private/fit_predict_seconds.csv` (wall-clock
+fit-and-predict seconds per entry). The command prints `check_board` for every
+task and exits non-zero if a board fails.
+
+Example:
+    >>> root = cached_suite(seed=0)              # doctest: +SKIP
+    >>> check_board(f"{root}/iris").passed       # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import fcntl
+import functools
+import hashlib
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import sklearn
+from scipy import stats
+from sklearn import linear_model, preprocessing
+
+from wmrl_jax.envs import grading, ladder, metrics, report, suite
+from wmrl_jax.envs import task as task_lib
+
+# The default baseline (`default_blend`): the average of the BLEND_TOP untuned off-the-shelf
+# models (`default_*` entries: scikit-learn defaults, scaled inputs) with the best 3-fold CV
+# score on the training data, what a competitor submits first after trying the usual models.
+BASELINE_ENTRY = "default_blend"
+BLEND_TOP = 5
+ENSEMBLE_PREFIX = "ensemble_"
+NUM_ENSEMBLES = 60
+SECONDS_FILE = "fit_predict_seconds.csv"
+_CHUNK = 8
+
+
+class BoardCheck(NamedTuple):
+    """Where three reference submissions land on one task's board.
+
+    Attributes:
+        task_id: the task; board_size: entries on its board.
+        sample: percentile of `public/sample_submission.csv` (the constant prior).
+        baseline: percentile of `BASELINE_ENTRY` (`default_blend`).
+        ensemble: percentile of the best tuned ensemble (`ensemble_*` entries);
+            ensemble_entry names it.
+        sample_ok: sample <= 0.10; baseline_ok: 0.5 <= baseline <= 0.75;
+            ensemble_ok: ensemble >= 0.95.
+    """
+
+    task_id: str
+    board_size: int
+    sample: float
+    baseline: float
+    ensemble: float
+    ensemble_entry: str
+    sample_ok: bool
+    baseline_ok: bool
+    ensemble_ok: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.sample_ok and self.baseline_ok and self.ensemble_ok
+
+    def line(self) -> str:
+        flag = "ok  " if self.passed else "FAIL"
+        return (
+            f"{flag} {self.task_id:22s} n={self.board_size} sample={self.sample:.3f} "
+            f"baseline={self.baseline:.3f} ensemble={self.ensemble:.3f} ({self.ensemble_entry})"
+        )
+
+
+def check_board(task_dir: str) -> BoardCheck:
+    """Percentiles of the sample submission, the default baseline and the best ensemble.
+
+    Percentiles use the task's own rule and first board. Raises ValueError when
+    the board lacks the baseline or any ensemble entry.
+    """
+    task = task_lib.load_task(task_dir)
+    path = os.path.join(task_dir, "private", "leaderboards", f"{task.leaderboards[0]}.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = [(r["entry"], float(r["score"])) for r in csv.DictReader(f)]
+    board = [s for _, s in rows]
+    scores = dict(rows)
+    direction, rule = task.metric.direction, task.percentile_rule
+    sign = 1.0 if direction == metrics.HIGHER else -1.0
+    ens = [(sign * s, n) for n, s in rows if n.startswith(ENSEMBLE_PREFIX)]
+    if BASELINE_ENTRY not in scores or not ens:
+        raise ValueError(f"{path} lacks {BASELINE_ENTRY!r} or {ENSEMBLE_PREFIX}* entries")
+    best = max(ens)[1]
+    pct = lambda s: grading.percentile(s, board, direction=direction, rule=rule)
+    sample = grading.grade(task, os.path.join(task.public_dir, "sample_submission.csv"))
+    if not sample.valid:
+        raise ValueError(f"{task_dir}: sample submission does not grade: {sample.message}")
+    s, b, e = sample.percentile, pct(scores[BASELINE_ENTRY]), pct(scores[best])
+    return BoardCheck(task.id, len(board), s, b, e, best, s <= 0.10, 0.5 <= b <= 0.75, e >= 0.95)
+
+
+class _Candidate(NamedTuple):
+    name: str
+    family: str
+    oof: np.ndarray  # [N] or [N, C]
+    pred: np.ndarray  # [M] or [M, C]
+    fit_s: float
+    cv_s: float
+
+
+def _oof_score(metric: str, y: np.ndarray, pred: np.ndarray) -> float:
+    """The metric on training rows, oriented so that higher is better."""
+    if metric == "auc" and pred.ndim == 2 and pred.shape[1] == 2:
+        # Rank form of binary ROC AUC (ties averaged), as roc_auc_score, without its overhead.
+        ranks, pos = stats.rankdata(pred[:, 1]), y == 1
+        n1 = int(pos.sum())
+        return (ranks[pos].sum() - n1 * (n1 + 1) / 2) / max(1, n1 * (len(y) - n1))
+    if pred.ndim == 2 and metric == "accuracy":
+        pred = np.argmax(pred, axis=1).astype(np.float64)
+    value = metrics.METRICS[metric].fn(
+        y.astype(np.float64), pred if pred.ndim == 2 else pred[:, None]
+    )
+    return value if metrics.METRICS[metric].direction == metrics.HIGHER else -value
+
+
+def _greedy(pool, y, metric: str, rounds: int) -> list[int]:
+    """Caruana et al. (2004) ensemble selection with replacement on out-of-fold predictions."""
+    chosen, total = [], 0.0
+    for r in range(rounds):
+        trial = [_oof_score(metric, y, (total + c.oof) / (r + 1)) for c in pool]
+        chosen.append(int(np.argmax(trial)))
+        total = total + pool[chosen[-1]].oof
+    return chosen
+
+
+def default_blend(
+    members: Sequence[_Candidate], y_train: np.ndarray, *, metric: str
+) -> tuple[np.ndarray, list[str]]:
+    """The default baseline: the average of the `BLEND_TOP` members with the best CV score.
+
+    A competitor's first submission after trying the usual untuned models: score
+    each by 3-fold cross-validation on the training data, keep the best
+    `BLEND_TOP` (ties keep the given order) and average their test predictions.
+
+    Args:
+        members: candidates with out-of-fold predictions of shape [N] or [N, C].
+        y_train: training targets of shape [N].
+        metric: the task metric.
+
+    Returns:
+        (test predictions of shape [M] or [M, C], the chosen names in CV order).
+    """
+    if not members:
+        raise ValueError("default_blend needs at least one member")
+    scores = [_oof_score(metric, y_train, c.oof) for c in members]
+    top = sorted(range(len(members)), key=lambda j: -scores[j])[:BLEND_TOP]
+    return np.mean([members[j].pred for j in top], axis=0), [members[j].name for j in top]
+
+
+def _stack(pool, y, *, num_classes: int | None, strength: float) -> np.ndarray:
+    """Stacking (Wolpert, 1992): a regularised linear model on the pool's out-of-fold predictions.
+
+    Classifiers stack log-probabilities with a multinomial logistic regression
+    (inverse strength C = 1 / `strength`), hedged like the entries; regressors
+    stack predictions with ridge (alpha = `strength`). Returns test predictions.
+    """
+    if num_classes is None:
+        feats = lambda c: c[:, None]
+        model = linear_model.Ridge(alpha=strength)
+    else:
+        feats = lambda c: np.log(np.clip(c, 1e-6, 1.0))
+        model = linear_model.LogisticRegression(C=1.0 / strength, max_iter=500)
+    x_oof = np.concatenate([feats(c.oof) for c in pool], axis=1)
+    x_test = np.concatenate([feats(c.pred) for c in pool], axis=1)
+    scaler = preprocessing.StandardScaler().fit(x_oof)
+    model.fit(scaler.transform(x_oof), y)
+    if num_classes is None:
+        return model.predict(scaler.transform(x_test))
+    proba = np.zeros((len(x_test), num_classes))
+    proba[:, model.classes_] = model.predict_proba(scaler.transform(x_test))
+    return (1.0 - ladder._HEDGE) * proba + ladder._HEDGE / num_classes
+
+
+def tuned_ensembles(
+    candidates: Sequence[_Candidate], y_train: np.ndarray, *, metric: str, seed: int
+) -> list[tuple[str, np.ndarray, float]]:
+    """`NUM_ENSEMBLES` ensembles tuned on out-of-fold predictions only; (name, pred, seconds).
+
+    Three kinds, each over a seeded random pool of the candidates: greedy
+    ensemble selection with replacement, the average of the top k by
+    cross-validated score, and stacking of the top k (`_stack`) with a drawn
+    regularisation strength. Seconds: the pool's cross-validation, the chosen
+    members' full fits, and the selection.
+    """
+    rng = np.random.default_rng([seed, 11])
+    out = []
+    for k in range(NUM_ENSEMBLES):
+        start = time.perf_counter()
+        size = max(2, int(round(rng.uniform(0.6, 1.0) * len(candidates))))
+        pool = [candidates[i] for i in np.sort(rng.choice(len(candidates), size, replace=False))]
+        scores = np.array([_oof_score(metric, y_train, c.oof) for c in pool])
+        kind = ("greedy", "top", "stack")[k % 3]
+        if kind == "stack":
+            chosen = list(np.argsort(-scores, kind="stable")[: int(rng.integers(3, 11))])
+            num_classes = pool[0].oof.shape[1] if pool[0].oof.ndim == 2 else None
+            strength = float(np.exp(rng.uniform(np.log(0.3), np.log(30.0))))
+            members = [pool[i] for i in chosen]
+            pred = _stack(members, y_train, num_classes=num_classes, strength=strength)
+        elif kind == "greedy":
+            chosen = _greedy(pool, y_train, metric, int(rng.integers(15, 40)))
+        else:
+            chosen = list(np.argsort(-scores, kind="stable")[: int(rng.integers(2, 13))])
+        if kind != "stack":
+            pred = np.mean([pool[i].pred for i in chosen], axis=0)
+        sec = sum(c.cv_s for c in pool) + sum(pool[i].fit_s for i in set(chosen))
+        out.append((f"{ENSEMBLE_PREFIX}{kind}{k}", pred, sec + time.perf_counter() - start))
+    return out
+
+
+def _init_worker() -> None:
+    from threadpoolctl import threadpool_limits
+
+    # One core per worker; also keeps results independent of the thread count.
+    threadpool_limits(1)
+
+
+@functools.lru_cache(maxsize=4)
+def _task(task_id: str, seed: int):
+    spec = suite.spec_by_id(task_id)
+    data = suite.split_task(spec, seed=seed)
+    entries = ladder.population(
+        seed=data.task_seed, classification=spec.classification, n_train=len(data.y_train)
+    )
+    cv = ladder.folds(data.y_train, classification=spec.classification, seed=data.task_seed)
+    return spec, data, entries, cv
+
+
+def _fit_chunk(task_id: str, seed: int, indices: Sequence[int]) -> list[tuple]:
+    """Worker: fits entries `indices`; (index, test pred, oof pred, fit s, cv s) each."""
+    _, data, entries, cv = _task(task_id, seed)
+    out = []
+    for i in indices:
+        entry, kw = entries[i], {"num_classes": data.num_classes, "seed": data.task_seed + i}
+        start = time.perf_counter()
+        pred = ladder.fit_predict(entry, data.x_train, data.y_train, data.x_test, **kw)
+        fit_s = time.perf_counter() - start
+        oof, cv_s = None, 0.0
+        if entry.cv:
+            start = time.perf_counter()
+            oof = ladder.oof_predict(entry, data.x_train, data.y_train, cv_folds=cv, **kw)
+            cv_s = time.perf_counter() - start
+        out.append((i, pred, oof, fit_s, cv_s))
+    return out
+
+
+def _ensemble_task(task_id: str, seed: int, results: list[tuple]) -> list[tuple]:
+    """Worker: the default blend, then the tuned ensembles; (name, pred, seconds) each."""
+    spec, data, entries, _ = _task(task_id, seed)
+    results = sorted(results, key=lambda r: r[0])  # Chunks arrive in completion order.
+    candidates = [
+        _Candidate(entries[i].name, entries[i].family, oof, pred, fit_s, cv_s)
+        for i, pred, oof, fit_s, cv_s in results
+        if oof is not None
+    ]
+    members = [c for c in candidates if c.family == "default"]
+    pred, _ = default_blend(members, data.y_train, metric=spec.metric)
+    blend = (BASELINE_ENTRY, pred, sum(c.fit_s + c.cv_s for c in members))
+    return [
+        blend,
+        *tuned_ensembles(candidates, data.y_train, metric=spec.metric, seed=data.task_seed),
+    ]
+
+
+def _write_board(spec, root, data, entries, results, ens) -> None:
+    rows, seconds = [], []
+    for i, pred, _, fit_s, _ in sorted(results, key=lambda r: r[0]):
+        rows.append((entries[i].name, suite.score_predictions(spec, data.y_test, pred)))
+        seconds.append((entries[i].name, fit_s))
+    for name, pred, sec in ens:
+        rows.append((name, suite.score_predictions(spec, data.y_test, pred)))
+        seconds.append((name, sec))
+    suite.write_leaderboard(root, rows)
+    with open(os.path.join(root, "private", SECONDS_FILE), "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["entry", "seconds"])
+        # Floor at 1 microsecond: a recorded cost is always positive.
+        writer.writerows((n, f"{max(s, 1e-6):.6f}") for n, s in seconds)
+
+
+def build(
+    out_dir: str,
+    *,
+    seed: int = 0,
+    workers: int = 2,
+    only: Sequence[str] | None = None,
+) -> list[str]:
+    """Writes the suite (or the tasks in `only`) with leaderboards; returns task dirs.
+
+    Args:
+        out_dir: created if absent; existing built-in task dirs are replaced.
+        seed: suite seed; the same seed gives byte-identical files except the
+            seconds file.
+        workers: worker processes fitting the competitors.
+        only: task ids to build (suite order kept); unknown ids raise ValueError.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    specs = suite.select_specs(only)
+    os.makedirs(out_dir, exist_ok=True)
+    written = {s.id: suite.write_task(s, out_dir, seed=seed) for s in specs}
+    pending, results, ens = {}, {s.id: [] for s in specs}, {}
+    ctx = multiprocessing.get_context("spawn")  # No fork: callers may hold threads (JAX).
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_init_worker
+    ) as pool:
+        # Largest tasks first so the last chunks are small.
+        for spec in sorted(specs, key=lambda s: -written[s.id][1].x_train.size):
+            n = len(_task(spec.id, seed)[2])
+            for lo in range(0, n, _CHUNK):
+                fut = pool.submit(_fit_chunk, spec.id, seed, range(lo, min(n, lo + _CHUNK)))
+                pending[fut] = spec.id
+            results[spec.id] = [None] * ((n + _CHUNK - 1) // _CHUNK)
+        chunks = {s.id: 0 for s in specs}
+        while pending:
+            done, _ = concurrent.futures.wait(
+                pending, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            for fut in done:
+                task_id = pending.pop(fut)
+                if task_id in ens and fut is ens[task_id]:
+                    ens[task_id] = fut.result()
+                    continue
+                chunk = fut.result()
+                results[task_id][chunks[task_id]] = chunk
+                chunks[task_id] += 1
+                if chunks[task_id] == len(results[task_id]):
+                    results[task_id] = [r for c in results[task_id] for r in c]
+                    ens[task_id] = pool.submit(_ensemble_task, task_id, seed, results[task_id])
+                    pending[ens[task_id]] = task_id
+    for spec in specs:
+        root, data = written[spec.id]
+        _write_board(spec, root, data, _task(spec.id, seed)[2], results[spec.id], ens[spec.id])
+    return [written[s.id][0] for s in specs]
+
+
+def _source_key(seed: int) -> str:
+    h = hashlib.sha256(f"seed={seed};sklearn={sklearn.__version__};np={np.__version__}".encode())
+    for module in (sys.modules[__name__], suite, ladder, metrics, report, task_lib):
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def cache_root() -> str:
+    """`$XDG_CACHE_HOME/wmrl_jax` (default `~/.cache/wmrl_jax`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "wmrl_jax")
+
+
+def cached_suite(seed: int = 0, *, workers: int = 2) -> str:
+    """The full suite for `seed`, built once per generator source and seed; returns its dir.
+
+    The cache key hashes the generator's source files, the seed and the
+    scikit-learn / numpy versions. A file lock makes concurrent callers (test
+    workers) build once; the build goes to a temporary dir renamed into place.
+    """
+    root = os.path.join(cache_root(), "builtin")
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, f"{_source_key(seed)}-seed{seed}")
+    with open(final + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(final):
+            tmp = f"{final}.tmp{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp, seed=seed, workers=workers)
+            os.rename(tmp, final)
+    return final
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("build", help="write the suite with its leaderboards and check them")
+    cmd.add_argument("--out", required=True, help="output directory")
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--workers", type=int, default=2, help="worker processes")
+    cmd.add_argument("--only", default=None, help="comma-separated task ids")
+    args = parser.parse_args(argv)
+    only = args.only.split(",") if args.only else None
+    try:
+        suite.select_specs(only)
+        if args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    except ValueError as e:
+        parser.error(str(e))
+    start = time.perf_counter()
+    checks = [
+        check_board(path)
+        for path in build(args.out, seed=args.seed, workers=args.workers, only=only)
+    ]
+    for check in checks:
+        print(check.line())
+    failed = [c.task_id for c in checks if not c.passed]
+    print(f"{len(checks)} tasks in {time.perf_counter() - start:.1f} s; {len(failed)} boards fail")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
