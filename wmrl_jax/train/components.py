@@ -63,17 +63,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.group_size must be >= 2 for group advantages, got {config.group_size}"
         )
-    if config.agent.kind == "recipe" and config.executor.kind not in EXECUTORS:
-        raise ConfigError(f"unknown executor {config.executor.kind!r}")
+    if config.agent.kind == "text" and not config.agent.checkpoint:
+        raise ConfigError("config.agent.checkpoint must name a local Hugging Face directory")
+    if config.agent.kind == "text" and config.train.loss.aux_coef:
+        raise ConfigError("config.train.loss.aux_coef must be 0 for the text agent")
     if config.agent.kind == "text" and config.executor.kind == "replay":
         raise ConfigError(
             "config.executor.kind='replay' answers recipe programs only; "
             "free-form programs need 'docker', 'local' or 'auto'"
         )
-    if config.agent.kind == "text" and config.train.loss.aux_coef:
-        raise ConfigError("config.train.loss.aux_coef must be 0 for the text agent")
-    if config.agent.kind == "text" and not config.agent.checkpoint:
-        raise ConfigError("config.agent.checkpoint must name a local Hugging Face directory")
     if config.tasks.source in ("dir", "mle_dojo") and not config.tasks.path:
         raise ConfigError(f"config.tasks.path is required for tasks.source={config.tasks.source!r}")
 

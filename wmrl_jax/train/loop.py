@@ -178,7 +178,7 @@ def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
         "oracle/fed_error_var": float(np.var(err[valid])) if valid.any() else np.nan,
         "oracle/fed_group_rank_corr": _group_rank_corr(np.where(valid, rewards, np.nan), truth, g),
     }
-    if wm_mean is not None:
+    if wm_mean is not None and np.isfinite(wm_mean).any():
         m["oracle/wm_bias"] = float(np.nanmean(wm_mean - truth))
         m["oracle/wm_group_rank_corr"] = _group_rank_corr(wm_mean, truth, g)
     return m
@@ -406,9 +406,15 @@ class Trainer:
             )
         return metrics
 
-    def run(self) -> dict:
-        """Trains from the current step to `config.num_steps`; returns the summary."""
+    def run(self, *, until: int | None = None) -> dict:
+        """Trains from the current step to `config.num_steps`; returns the summary.
+
+        Args:
+          until: stop after this step (checkpointing it), as a preempted job would;
+            a later `run()` on the same workdir resumes.
+        """
         c = self.config
+        last = c.num_steps if until is None else min(until, c.num_steps)
         writer = MetricWriter(
             self.workdir,
             progress_total=c.num_steps,
@@ -421,7 +427,7 @@ class Trainer:
                 ev = self._evaluate()
                 self.history.append({"step": 0, **self.ledger.to_dict(), **ev})
                 writer.write(0, ev)
-            for step in range(self.start_step + 1, c.num_steps + 1):
+            for step in range(self.start_step + 1, last + 1):
                 metrics = self._step(step)
                 self.last_metrics = metrics
                 self.step_log.append({"step": step, **metrics})
@@ -434,10 +440,10 @@ class Trainer:
                     step, reward=metrics.get("reward/fed_mean", np.nan),
                     compute_seconds=self.ledger.compute_seconds,
                 )  # fmt: skip
-                if step % c.checkpoint.every == 0 or step == c.num_steps:
+                if step % c.checkpoint.every == 0 or step == last:
                     best = {"eval/heldout_percentile": metrics["eval/heldout_percentile"]} \
                         if "eval/heldout_percentile" in metrics else None  # fmt: skip
-                    self._save(step, best, force=step == c.num_steps)
+                    self._save(step, best, force=step == last)
             self.checkpointer.wait()
         finally:
             writer.close()
