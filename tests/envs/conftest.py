@@ -9,6 +9,19 @@ import os
 import pytest
 
 
+def read_csv_rows(path):
+    """A CSV file's rows as dicts."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def relative_files(root):
+    """Every file below `root`, as sorted relative paths."""
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
+    )
+
+
 def write_csv(path, header, rows):
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)

@@ -1,6 +1,5 @@
 """Tests for the built-in suite's leaderboards: population, ensembles, checks, build, CLI."""
 
-import csv
 import filecmp
 import os
 
@@ -9,18 +8,10 @@ import pytest
 from sklearn import metrics as sk_metrics
 from sklearn import naive_bayes
 
+from tests.envs.conftest import read_csv_rows, relative_files
 from wmrl_jax.envs import builtin, ladder, suite
 
-
-def _read(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _files(root):
-    return sorted(
-        os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
-    )
+_read, _files = read_csv_rows, relative_files
 
 
 @pytest.mark.parametrize("classification", [True, False])

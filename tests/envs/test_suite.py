@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.envs.conftest import read_csv_rows, relative_files
 from wmrl_jax.envs import grading, suite
 from wmrl_jax.envs import task as task_lib
 
@@ -32,15 +33,7 @@ def built(builtin_suite):
     return builtin_suite
 
 
-def _read(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _files(root):
-    return sorted(
-        os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
-    )
+_read, _files = read_csv_rows, relative_files
 
 
 def test_suite_has_disjoint_splits():

@@ -17,19 +17,8 @@ from wmrl_jax.train.agent import WMOutput
 
 
 def _config(**overrides):
-    config = tiny_cpu.get_config("runlocal")
-    with config.unlocked():
-        config.executor.kind = "replay"
-        config.num_steps = 3
-        config.eval_every = 3
-        config.checkpoint.every = 1
-        for key, value in overrides.items():
-            node = config
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node[p]
-            node[leaf] = value
-    return config
+    base = {"executor.kind": "replay", "num_steps": 3, "eval_every": 3, "checkpoint.every": 1}
+    return components.override(tiny_cpu.get_config("runlocal"), **{**base, **overrides})
 
 
 class _Wrapped:

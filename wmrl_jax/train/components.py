@@ -43,6 +43,25 @@ def _choice(config, field: str, choices: Sequence[str]) -> None:
         raise ConfigError(f"config.{field} must be one of {tuple(choices)}, got {value!r}")
 
 
+def override(config: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted fields replaced.
+
+    Example:
+      >>> c = override(tiny_cpu.get_config(), **{"executor.kind": "replay"})  # doctest: +SKIP
+    """
+    import copy
+
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        for key, value in fields.items():
+            node = config
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+    return config
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Checks a training config; raises `ConfigError` naming the first bad field."""
     _choice(config, "arm", ARMS)

@@ -21,7 +21,6 @@ Measures (see `analyse`):
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections.abc import Iterable
@@ -31,18 +30,6 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.train import components, loop
-
-
-def _with(config: ml_collections.ConfigDict, **overrides) -> ml_collections.ConfigDict:
-    config = copy.deepcopy(config)
-    with config.unlocked():
-        for key, value in overrides.items():
-            node = config
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node[p]
-            node[leaf] = value
-    return config
 
 
 def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
@@ -68,7 +55,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> 
     for seed in range(config.study.num_seeds):
         agents: dict[int, tuple] = {}
         for label, overrides in runs:
-            run_config = _with(config, seed=config.seed + seed, **overrides)
+            run_config = components.override(config, seed=config.seed + seed, **overrides)
             warm = run_config.warm_start.steps
             if warm not in agents:  # One warm start per (seed, length), shared by the arms.
                 key = jax.random.split(jax.random.key(run_config.seed))[1]
