@@ -171,9 +171,9 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
     head = (
         "| run | held-out percentile, start → final ± s.e. | compute s (gen+WM+exec) "
         "| executions | seeds reaching real's final | compute to target, ratio real / run "
-        "(median [min, max]) | train-task true reward, start → final | same on train tasks: "
-        "ratio real / run | fed-reward bias, first → last quarter | fed error variance, last "
-        "quarter |\n|---|---|---|---|---|---|---|---|---|---|"
+        "(median [min, max]) | train-task true reward, start → final | seeds reaching real's "
+        "final on train tasks, ratio real / run | fed-reward bias, first → last quarter "
+        "| fed error variance, last quarter |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = []
     for label in labels or list(analysis):
@@ -181,7 +181,7 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
         ratio = (
             f"{fmt_number(r['ratio_median'], '.2f')}× [{fmt_number(r['ratio_min'], '.2f')}, "
             f"{fmt_number(r['ratio_max'], '.2f')}]"
-            if r["ratio_median"] is not None
+            if r["ratio_median"] is not None and r.get("heldout_target_above_start", True)
             else "—"
         )
         bias = (
@@ -193,7 +193,8 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
             f"{r['heldout_final_se']:.3f} | {r['compute_total']:.0f} | {r['executions_total']:.0f} "
             f"| {r['reached']}/{r['seeds']} | {ratio} "
             f"| {r['train_reward_start']:.3f} → {r['train_reward_final']:.3f} "
-            f"| {fmt_number(r['train_ratio_median'], '.2f')}× ({r['train_reached']}/{r['seeds']}) "
+            f"| {r['train_reached']}/{r['seeds']}, "
+            f"{fmt_number(r['train_ratio_median'], '.2f')}× "
             f"| {bias} "
             f"| {fmt_number(r.get('oracle/fed_error_var/last_quarter'), '.4f')} |"
         )
