@@ -2,7 +2,7 @@ r"""The main job: a tiny Qwen3-architecture backbone trained with WMRL on the bu
 
     python -m experiments.train --config=experiments/configs/tiny_cpu.py --workdir=outputs/tiny_cpu
 
-Runs on a 2-core CPU in about ten minutes with nothing downloaded: the
+Runs on a 2-core CPU in 10-15 minutes with nothing downloaded: the
 backbone writes recipes (compiled to real Python programs) and predicts their
 outcome over score-bin tokens; it is warm-started briefly on the suite's
 "pretrain" tasks, trained on the "train" tasks with anchors executed for real
