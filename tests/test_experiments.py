@@ -43,6 +43,7 @@ def test_tiny_cpu_runlocal_executes_for_real(tmp_path):
     assert summary["environment"] == "local"
     assert summary["ledger"]["executions"] > 0 and summary["ledger"]["exec_seconds"] > 0
     assert (tmp_path / "heldout.png").stat().st_size > 0
+    assert (tmp_path / "policy_hf" / "config.json").exists()
     assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.rglob("*"))
 
 

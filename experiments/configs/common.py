@@ -112,4 +112,5 @@ def base_config() -> ml_collections.ConfigDict:
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every = 10
     config.checkpoint.keep = 2
+    config.checkpoint.export_hf = True  # The final policy as a Hugging Face directory.
     return config

@@ -24,6 +24,7 @@ def get_config(arg: str | None = None):
     config.eval_every = 5
     config.eval_samples = 16  # Expected held-out percentile: smoother than one greedy pick.
     config.checkpoint.every = 40
+    config.checkpoint.export_hf = False
     config.checkpoint.keep = 1
 
     config.study = ml_collections.ConfigDict()

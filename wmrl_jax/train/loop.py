@@ -445,9 +445,25 @@ class Trainer:
                         if "eval/heldout_percentile" in metrics else None  # fmt: skip
                     self._save(step, best, force=step == last)
             self.checkpointer.wait()
+            if c.checkpoint.export_hf and last == c.num_steps:
+                self.export_policy(os.path.join(self.workdir, "policy_hf"))
         finally:
             writer.close()
         return self.summary()
+
+    def export_policy(self, out_dir: str) -> str:
+        """Writes the current policy as a Hugging Face directory (config.json + safetensors,
+        and the tokenizer when the agent has one)."""
+        from wmrl_jax.train.checkpoint import export_hf
+
+        return export_hf(
+            self.info["graphdef"],
+            self.state.params,
+            self.info["raw_config"],
+            out_dir,
+            tokenizer=getattr(self.agent, "tokenizer", None),
+            overwrite=True,
+        )
 
     def summary(self) -> dict:
         """Held-out percentile before and after, the ledger, the last calibration."""
