@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.sandbox --json outputs/bench/sandbox.json
 	$(PY) -m benchmarks.forward --json outputs/bench/forward.json
 	$(PY) -m benchmarks.sampler --json outputs/bench/sampler.json
+	$(PY) -m benchmarks.train_step --preset tiny --json outputs/bench/train_step.json
 
 # Rebuilds the committed tiny checkpoints and their reference outputs (needs
 # `pip install torch==2.13.0`; tests themselves never need torch).
