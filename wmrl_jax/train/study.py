@@ -114,25 +114,39 @@ def _nanstat(fn, x: np.ndarray):
     return float(fn(x)) if np.isfinite(x).any() else None
 
 
+def _ratio(base_reach: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """Per seed `base_reach / reach`; NaN where the run starts at or above the target."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(reach > 0, base_reach / reach, np.nan)
+
+
+def _reach(x: np.ndarray, y: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per seed (rows of x, y): the first x at which y reaches that seed's target."""
+    return np.array([first_reach(x[i], y[i], t) for i, t in enumerate(targets)])
+
+
 def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "real") -> dict:
     """Per run label: final percentile, compute-to-target and its ratio to `baseline`."""
     base = curves(results[baseline])
-    targets = _smooth(base["percentile"], smooth)[:, -1]  # Per seed.
+    base_sm = _smooth(base["percentile"], smooth)
+    targets = base_sm[:, -1]  # Per seed.
+    base_reach = _reach(base["compute"], base_sm, targets)
+    # The same on the training tasks: the true reward of the samples (replay knows
+    # it), smoothed over steps, against the baseline's final value.
+    base_train = _smooth(step_series(results[baseline], "oracle/true_reward"), 5)
+    train_targets = base_train[:, -1]
+    base_train_reach = _reach(
+        step_series(results[baseline], "ledger/compute_seconds"), base_train, train_targets
+    )
+    # Whether the baseline's held-out target is above its own start at all.
+    above_start = bool(np.mean(targets) > np.mean(base["percentile"][:, 0]))
     out = {}
     for label, summaries in results.items():
         c = curves(summaries)
         sm = _smooth(c["percentile"], smooth)
-        reach = np.array([first_reach(c["compute"][i], sm[i], t) for i, t in enumerate(targets)])
-        reach_exec = np.array(
-            [first_reach(c["exec_seconds"][i], sm[i], t) for i, t in enumerate(targets)]
-        )
-        base_reach = np.array(
-            [first_reach(base["compute"][i], _smooth(base["percentile"], smooth)[i], t)
-             for i, t in enumerate(targets)]
-        )  # fmt: skip
-        with np.errstate(divide="ignore", invalid="ignore"):
-            # A run at or above the target from the start has no finite ratio.
-            ratio = np.where(reach > 0, base_reach / reach, np.nan)
+        reach = _reach(c["compute"], sm, targets)
+        reach_exec = _reach(c["exec_seconds"], sm, targets)
+        ratio = _ratio(base_reach, reach)
         n = len(summaries)
         final = c["percentile"][:, -1]
         row = {
@@ -152,18 +166,9 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
             "ratio_min": _nanstat(np.nanmin, ratio),
             "ratio_max": _nanstat(np.nanmax, ratio),
         }
-        # The same on the training tasks: the true reward of the samples (replay knows
-        # it), smoothed over steps, against real's final value.
         train = _smooth(step_series(summaries, "oracle/true_reward"), 5)
-        train_compute = step_series(summaries, "ledger/compute_seconds")
-        base_train = _smooth(step_series(results[baseline], "oracle/true_reward"), 5)
-        base_train_compute = step_series(results[baseline], "ledger/compute_seconds")
-        t_reach = np.array([first_reach(train_compute[i], train[i], base_train[i, -1])
-                            for i in range(n)])  # fmt: skip
-        t_base = np.array([first_reach(base_train_compute[i], base_train[i], base_train[i, -1])
-                           for i in range(n)])  # fmt: skip
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_ratio = np.where(t_reach > 0, t_base / t_reach, np.nan)
+        t_reach = _reach(step_series(summaries, "ledger/compute_seconds"), train, train_targets)
+        t_ratio = _ratio(base_train_reach, t_reach)
         row.update(
             {
                 "train_reward_start": float(np.mean(train[:, 0])),
@@ -171,10 +176,7 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
                 "train_reached": int(np.sum(np.isfinite(t_reach))),
                 "train_ratio_vs_baseline": t_ratio.tolist(),
                 "train_ratio_median": _nanstat(np.nanmedian, t_ratio),
-                # Whether the baseline's held-out target is above its own start at all.
-                "heldout_target_above_start": bool(
-                    np.mean(targets) > np.mean(base["percentile"][:, 0])
-                ),
+                "heldout_target_above_start": above_start,
             }
         )
         for key in ("oracle/fed_bias", "oracle/fed_error_var", "correction/rank_corr"):
