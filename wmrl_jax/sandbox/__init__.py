@@ -49,12 +49,13 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def make_executor(image: str | None = None, **kwargs) -> Executor:
-    """`DockerExecutor(image, **kwargs)` when possible, else `LocalExecutor(**kwargs)`."""
+def make_executor(image: str | None = None, *, python: str | None = None, **kwargs) -> Executor:
+    """`DockerExecutor(image, **kwargs)` when possible, else `LocalExecutor(python=python,
+    **kwargs)` (with a warning saying why)."""
     try:
         return DockerExecutor(image, **kwargs)
     except InfraError as e:
         logging.getLogger(__name__).warning("falling back to LocalExecutor: %s", e)
         kwargs.pop("client", None)
         kwargs.pop("api_timeout_s", None)
-        return LocalExecutor(**kwargs)
+        return LocalExecutor(python=python, **kwargs)

@@ -220,26 +220,20 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
         return outcomes_lib.ReplayExecutor(table, floors=floors), "replay"
     from wmrl_jax import sandbox
 
-    workers, timeout = config.executor.workers, config.executor.timeout_s
-    image = config.executor.image or None
-    executor = None
-    if kind in ("auto", "docker"):
+    kwargs = dict(max_workers=config.executor.workers, timeout_s=config.executor.timeout_s)
+    if kind == "docker":
         try:
-            executor = sandbox.DockerExecutor(image, max_workers=workers, timeout_s=timeout)
+            executor = sandbox.DockerExecutor(config.executor.image or None, **kwargs)
         except sandbox.InfraError as e:
-            if kind == "docker":
-                raise ConfigError(f"config.executor.kind='docker' but: {e}") from e
-            log.warning("no usable Docker engine or image (%s); using the local backend", e)
-    if executor is None:
-        log.warning(
-            "executing programs with the local-process backend: rlimits and a private "
-            "directory, but no network or filesystem isolation (start a Docker engine for that)"
-        )
-        executor = sandbox.LocalExecutor(
-            python=sys.executable, max_workers=workers, timeout_s=timeout
+            raise ConfigError(f"config.executor.kind='docker' but: {e}") from e
+    elif kind == "local":
+        executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
+    else:  # "auto"; the local backend warns that it does not isolate.
+        executor = sandbox.make_executor(
+            config.executor.image or None, python=sys.executable, **kwargs
         )
     return (
-        outcomes_lib.SandboxOutcomes(executor, floors=floors, timeout_s=config.executor.timeout_s),
+        outcomes_lib.SandboxOutcomes(executor, floors=floors, timeout_s=kwargs["timeout_s"]),
         "local" if isinstance(executor, sandbox.LocalExecutor) else "docker",
     )
 
