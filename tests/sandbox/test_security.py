@@ -113,6 +113,34 @@ def test_fork_bomb_is_contained(executor):
     assert_healthy(executor)
 
 
+@pytest.mark.parametrize("grace_s", [0.0, None], ids=["stopped", "drained"])
+def test_program_that_kills_its_wrapper_is_killed_not_infra(executor, monkeypatch, grace_s):
+    """The fork bomb's rare outcome, made certain: the wrapper dies before the
+    program, whose processes then hold the output stream past the exec's end."""
+    if executor.environment.startswith("local"):
+        pytest.skip("the local backend has no wrapper; the program's parent is the caller")
+    from wmrl_jax.sandbox import docker_backend
+
+    if grace_s is not None:  # the stream still open when the grace ends: stop the container
+        monkeypatch.setattr(docker_backend, "STREAM_GRACE_S", grace_s)
+    start = time.monotonic()
+    result = run(
+        executor,
+        """
+        import os, time
+        print("started", flush=True)
+        time.sleep(0.5)
+        os.kill(os.getppid(), 9)
+        time.sleep(60)
+        """,
+        timeout_s=2.0 if grace_s is not None else 20.0,
+    )
+    assert (result.status, result.exit_code) == ("killed", -9), result
+    assert result.stdout == "started\n"
+    assert time.monotonic() - start < 15
+    assert_healthy(executor)
+
+
 def test_stdout_flood_is_truncated_not_buffered(executor):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result = run(

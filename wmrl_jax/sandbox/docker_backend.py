@@ -53,6 +53,9 @@ COMMAND = (
     f"cp -R {CODE_DIR}/. . && mkdir -p {OUTPUT_NAME} || exit 125; "
     f"python3 {PROGRAM_NAME}; code=$?; kill -9 -1 2>/dev/null; exit $code"
 )
+# How long the output stream may outlive the program's wrapper before what the
+# program left is stopped with the container.
+STREAM_GRACE_S = 2.0
 USER = 65534  # nobody in Debian: the program's user
 KEEPER_USER = 65533  # the container's main process (it only sleeps)
 LABEL = "wmrl-sandbox"
@@ -341,25 +344,29 @@ class DockerExecutor(BaseExecutor):
             # (a child holding the pipe): the exec's state decides.
             if not api.exec_inspect(exec_id)["Running"]:
                 break
-        if timed_out:
+        stranded = False
+        if not timed_out:  # the wrapper killed what the program left: the stream ends
+            reader.join(max(STREAM_GRACE_S, deadline - time.monotonic()))
+            # Unless the wrapper itself died first (the program killed it, or the
+            # OOM killer picked it in a fork bomb): processes it left hold the stream.
+            stranded = reader.is_alive()
+            if failure and not stranded:
+                raise RuntimeError(f"lost the program's output stream ({failure[0]!r})")
+        if timed_out or stranded:
             try:
                 container.kill()
             except docker.errors.APIError as e:  # it may have exited at the deadline
                 if e.status_code != 409:
                     raise
-        else:  # the wrapper killed what the program left, so the stream ends promptly
-            reader.join(max(0.5, deadline - time.monotonic()))
-            if failure or reader.is_alive():
-                raise RuntimeError(f"lost the program's output stream ({failure[:1]})")
         info = api.exec_inspect(exec_id)
         container.reload()
-        if not timed_out and not container.attrs["State"]["Running"]:
+        if not (timed_out or stranded) and not container.attrs["State"]["Running"]:
             # The program cannot stop the container (its main process runs under
             # another uid): the engine did, e.g. while shutting down.
             raise RuntimeError("the container stopped under the program")
         cpu, peak, oom_kills = _cgroup_stats(container.id)
         files, dropped = {}, []
-        if not timed_out:
+        if not (timed_out or stranded):
             # The engine's archive API does not see tmpfs mounts; tar inside does.
             tar_id = api.exec_create(
                 container.id,
@@ -369,7 +376,7 @@ class DockerExecutor(BaseExecutor):
             )["Id"]
             chunks = (o for o, _ in api.exec_start(tar_id, stream=True, demux=True) if o)
             files, dropped = _untar_outputs(chunks, self.limits.output_bytes)
-        if timed_out and reader.is_alive():
+        if reader.is_alive():
             reader.join(5.0)
         code = info.get("ExitCode")
         if code is not None and code > 128:  # killed by signal (code - 128)
@@ -395,7 +402,14 @@ class DockerExecutor(BaseExecutor):
             stdout_truncated=out.truncated,
             stderr_truncated=err.truncated,
             files=files,
-            message=f"output files left out: {', '.join(dropped)}" if dropped else "",
+            message=(
+                "the program's wrapper died and left processes running; the container was"
+                " stopped and output files were not collected"
+                if stranded
+                else f"output files left out: {', '.join(dropped)}"
+                if dropped
+                else ""
+            ),
         )
 
     @staticmethod
