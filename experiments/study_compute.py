@@ -82,12 +82,18 @@ def render(workdir: str, readme: str | None = None) -> None:
         f"{real.get('heldout_final', float('nan')):.3f}), so there is no target to reach; the "
         "train-task columns compare the arms where training does improve"
     )
+    matched = (
+        f"The reverse comparison, real's compute to reach `wmrl`'s final level over "
+        f"`wmrl`'s: **{report.matched_cell(wmrl)}** on the held-out tasks, "
+        f"{report.matched_cell(wmrl, 'train_')} on the training tasks (“never”: real does not "
+        "get there within its whole budget, so the ratio is a lower bound)."
+    )
     body = "\n".join(
         [
             f"`python -m experiments.study_compute` ({config['study']['num_seeds']} seeds, "
             f"{config['num_steps']} updates per run, {payload['wall_seconds'] / 60:.0f} min on "
             f"this CPU). Headline, real / wmrl compute to reach `real`'s final held-out "
-            f"percentile: {headline}.",
+            f"percentile: {headline}. {matched}",
             "",
             table,
             "",

@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
     config.study.arms = ("real", "wm_naive", "wm_debias", "wmrl")
     config.study.rho_sweep = (0.05, 0.1, 0.2, 0.3)
     config.study.warm_sweep = (40, 150, 600)  # Warm-start steps: the WM's quality.
-    config.study.warm_sweep_arms = ("wmrl",)
+    config.study.warm_sweep_arms = ("wmrl", "real")
     config.study.smooth = 3  # Evaluation points in the moving average.
     if arg == "runlocal":
         config.num_steps = 4

@@ -166,14 +166,30 @@ def fmt_number(value, spec: str = ".3f") -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def matched_cell(row: dict, prefix: str = "") -> str:
+    """'≥ 12.00× (5/5 never)': real's compute for the run's final level over the run's.
+
+    `prefix` is "" (held-out) or "train_". The median counts seeds where real
+    never reaches the level at their lower bound (real's whole budget), so it
+    is itself a lower bound, marked ≥, whenever any seed is censored.
+    """
+    median = row.get(f"{prefix}matched_ratio_median")
+    if median is None:
+        return "—"
+    never, seeds = row[f"{prefix}matched_never"], row[f"{prefix}matched_seeds"]
+    return f"{'≥ ' if never else ''}{median:.2f}× ({never}/{seeds} never)"
+
+
 def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
     """The compute study's markdown table (one row per run label)."""
     head = (
         "| run | held-out percentile, start → final ± s.e. | compute s (gen+WM+exec) "
         "| executions | seeds reaching real's final | compute to target, ratio real / run "
-        "(median [min, max]) | train-task true reward, start → final | seeds reaching real's "
-        "final on train tasks, ratio real / run | fed-reward bias, first → last quarter "
-        "| fed error variance, last quarter |\n|---|---|---|---|---|---|---|---|---|---|"
+        "(median [min, max]) | real's compute for the run's final held-out level, ratio real "
+        "/ run (seeds where real never gets there) | train-task true reward, start → final "
+        "| seeds reaching real's final on train tasks, ratio real / run | real's compute for "
+        "the run's final train level, ratio | fed-reward bias, first → last quarter "
+        "| fed error variance, last quarter |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = []
     for label in labels or list(analysis):
@@ -191,10 +207,10 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
         rows.append(
             f"| {label} | {r['heldout_before']:.3f} → {r['heldout_final']:.3f} ± "
             f"{r['heldout_final_se']:.3f} | {r['compute_total']:.0f} | {r['executions_total']:.0f} "
-            f"| {r['reached']}/{r['seeds']} | {ratio} "
+            f"| {r['reached']}/{r['seeds']} | {ratio} | {matched_cell(r)} "
             f"| {r['train_reward_start']:.3f} → {r['train_reward_final']:.3f} "
             f"| {r['train_reached']}/{r['seeds']}, "
-            f"{fmt_number(r['train_ratio_median'], '.2f')}× "
+            f"{fmt_number(r['train_ratio_median'], '.2f')}× | {matched_cell(r, 'train_')} "
             f"| {bias} "
             f"| {fmt_number(r.get('oracle/fed_error_var/last_quarter'), '.4f')} |"
         )

@@ -125,8 +125,42 @@ def _reach(x: np.ndarray, y: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.array([first_reach(x[i], y[i], t) for i, t in enumerate(targets)])
 
 
+def _matched(
+    base_x: np.ndarray, base_y: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The compute `baseline` needs for this run's final level, over this run's own (per seed).
+
+    Returns (ratio, censored): where the baseline never reaches the level within
+    its budget, ratio is the lower bound `baseline total / run's` and censored
+    is True; NaN where the run ends at or below its start (no level to match).
+    """
+    level = y[:, -1]
+    own = _reach(x, y, level)
+    base = _reach(base_x, base_y, level)
+    censored = ~np.isfinite(base)
+    ratio = _ratio(np.where(censored, base_x[:, -1], base), own)
+    ratio = np.where(level > y[:, 0], ratio, np.nan)
+    return ratio, censored & np.isfinite(ratio)
+
+
+def _matched_row(prefix: str, ratio: np.ndarray, censored: np.ndarray) -> dict:
+    return {
+        f"{prefix}matched_ratio": ratio.tolist(),
+        f"{prefix}matched_censored": censored.tolist(),
+        f"{prefix}matched_ratio_median": _nanstat(np.nanmedian, ratio),
+        f"{prefix}matched_seeds": int(np.sum(np.isfinite(ratio))),
+        f"{prefix}matched_never": int(np.sum(censored)),
+    }
+
+
 def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "real") -> dict:
-    """Per run label: final percentile, compute-to-target and its ratio to `baseline`."""
+    """Per run label: final percentile, compute-to-target and its ratio to `baseline`.
+
+    Two iso-performance comparisons, on held-out and on training tasks: the
+    compute at which each run reaches `baseline`'s final level (the paper's
+    headline, `ratio_*`), and the reverse, the compute `baseline` needs for each
+    run's final level (`matched_*`; a lower bound where it never gets there).
+    """
     base = curves(results[baseline])
     base_sm = _smooth(base["percentile"], smooth)
     targets = base_sm[:, -1]  # Per seed.
@@ -135,9 +169,8 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
     # it), smoothed over steps, against the baseline's final value.
     base_train = _smooth(step_series(results[baseline], "oracle/true_reward"), 5)
     train_targets = base_train[:, -1]
-    base_train_reach = _reach(
-        step_series(results[baseline], "ledger/compute_seconds"), base_train, train_targets
-    )
+    base_train_x = step_series(results[baseline], "ledger/compute_seconds")
+    base_train_reach = _reach(base_train_x, base_train, train_targets)
     # Whether the baseline's held-out target is above its own start at all.
     above_start = bool(np.mean(targets) > np.mean(base["percentile"][:, 0]))
     out = {}
@@ -166,9 +199,14 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
             "ratio_min": _nanstat(np.nanmin, ratio),
             "ratio_max": _nanstat(np.nanmax, ratio),
         }
+        row.update(_matched_row("", *_matched(base["compute"], base_sm, c["compute"], sm)))
         train = _smooth(step_series(summaries, "oracle/true_reward"), 5)
-        t_reach = _reach(step_series(summaries, "ledger/compute_seconds"), train, train_targets)
+        train_x = step_series(summaries, "ledger/compute_seconds")
+        t_reach = _reach(train_x, train, train_targets)
         t_ratio = _ratio(base_train_reach, t_reach)
+        row.update(
+            _matched_row("train_", *_matched(base_train_x, base_train, train_x, train))
+        )
         row.update(
             {
                 "train_reward_start": float(np.mean(train[:, 0])),
