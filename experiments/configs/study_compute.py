@@ -28,7 +28,7 @@ def get_config(arg: str | None = None):
     config.checkpoint.keep = 1
 
     config.study = ml_collections.ConfigDict()
-    config.study.num_seeds = 5
+    config.study.num_seeds = 10
     config.study.arms = ("real", "wm_naive", "wm_debias", "wmrl")
     config.study.rho_sweep = (0.05, 0.1, 0.2, 0.3)
     config.study.warm_sweep = (40, 150, 600)  # Warm-start steps: the WM's quality.

@@ -80,8 +80,8 @@ def test_headline_and_matched_ratios():
 
 def test_matched_cell_marks_lower_bounds():
     a = study.analyse(_study(), smooth=1)
-    assert report.matched_cell(a["cheap"]) == "10.00× (0/3 never)"
-    assert report.matched_cell(a["better"]) == "≥ 10.00× (3/3 never)"
+    assert report.matched_cell(a["cheap"]) == "10.00× [10.00, 10.00] (0/3 never)"
+    assert report.matched_cell(a["better"]) == "≥ 10.00× [10.00, 10.00] (3/3 never)"
     assert report.matched_cell(a["worse"]) == "—"
     table = report.format_study_table(a)
     assert table.count("\n") == 1 + len(a)

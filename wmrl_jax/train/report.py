@@ -167,17 +167,22 @@ def fmt_number(value, spec: str = ".3f") -> str:
 
 
 def matched_cell(row: dict, prefix: str = "") -> str:
-    """'≥ 12.00× (5/5 never)': real's compute for the run's final level over the run's.
+    """'≥ 12.00× [8.10, 30.00] (2/5 never)': real's compute for the run's final level
+    over the run's, median [min, max] over seeds.
 
-    `prefix` is "" (held-out) or "train_". The median counts seeds where real
-    never reaches the level at their lower bound (real's whole budget), so it
-    is itself a lower bound, marked ≥, whenever any seed is censored.
+    `prefix` is "" (held-out) or "train_". Seeds where real never reaches the
+    level count at their lower bound (real's whole budget), so the median is
+    itself a lower bound, marked ≥, whenever any seed is censored.
     """
     median = row.get(f"{prefix}matched_ratio_median")
     if median is None:
         return "—"
     never, seeds = row[f"{prefix}matched_never"], row[f"{prefix}matched_seeds"]
-    return f"{'≥ ' if never else ''}{median:.2f}× ({never}/{seeds} never)"
+    ratios = [r for r in row[f"{prefix}matched_ratio"] if r is not None and np.isfinite(r)]
+    return (
+        f"{'≥ ' if never else ''}{median:.2f}× [{min(ratios):.2f}, {max(ratios):.2f}] "
+        f"({never}/{seeds} never)"
+    )
 
 
 def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
