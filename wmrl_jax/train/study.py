@@ -204,9 +204,7 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
         train_x = step_series(summaries, "ledger/compute_seconds")
         t_reach = _reach(train_x, train, train_targets)
         t_ratio = _ratio(base_train_reach, t_reach)
-        row.update(
-            _matched_row("train_", *_matched(base_train_x, base_train, train_x, train))
-        )
+        row.update(_matched_row("train_", *_matched(base_train_x, base_train, train_x, train)))
         row.update(
             {
                 "train_reward_start": float(np.mean(train[:, 0])),
