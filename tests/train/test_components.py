@@ -1,0 +1,73 @@
+"""The trainer's task sources on MLE-Dojo competitions in the upstream layout."""
+
+import json
+import os
+
+import pytest
+
+from experiments.configs import qwen3_4b_mledojo
+from tests.envs.test_mle_dojo import make_competition
+from wmrl_jax.envs import grading
+from wmrl_jax.train import components
+
+AUC = {"name": "auc", "direction": "higher"}
+
+
+def _dojo_config(tmp_path, *, split=None, metrics=None):
+    prepared = tmp_path / "prepared"
+    for name in ("comp-a", "comp-b", "comp-c"):
+        make_competition(prepared, name)
+    split_file, metrics_file = tmp_path / "competition.json", tmp_path / "metrics.json"
+    split = split or {"Training": ["comp-a", "comp-b"], "Evaluation": {"Tabular": ["comp-c"]}}
+    split_file.write_text(json.dumps(split))
+    metrics_file.write_text(json.dumps(metrics or {n: AUC for n in ("comp-a", "comp-b", "comp-c")}))
+    return components.override(
+        qwen3_4b_mledojo.get_config("runlocal"),
+        **{
+            "tasks.source": "mle_dojo",
+            "tasks.path": str(prepared),
+            "tasks.views": str(tmp_path / "views"),
+            "tasks.split_file": str(split_file),
+            "tasks.metrics_file": str(metrics_file),
+        },
+    )
+
+
+def test_mle_dojo_source_gives_split_task_views(tmp_path):
+    sets = components.load_tasks(_dojo_config(tmp_path))
+    assert [t.id for t in sets.train] == ["comp-a", "comp-b"]
+    assert [t.id for t in sets.heldout] == ["comp-c"] and sets.pretrain == []
+    task = sets.heldout[0]
+    assert task.source == "mle-dojo" and task.percentile_rule == "mle_dojo"
+    # The view links the public data; answers stay on the grader's side.
+    assert os.path.realpath(task.public_dir).startswith(str(tmp_path / "prepared"))
+    assert not os.path.exists(os.path.join(task.public_dir, "test_answer.csv"))
+    submission = tmp_path / "submission.csv"
+    submission.write_text("Id,Probability\n1,0.1\n2,0.9\n3,0.8\n4,0.2\n")
+    result = grading.grade(task, str(submission))
+    assert result.valid and result.score == pytest.approx(1.0), result
+
+
+@pytest.mark.parametrize(
+    "field, match",
+    [
+        ("tasks.split_file", "config.tasks.split_file is required"),
+        ("tasks.metrics_file", "config.tasks.metrics_file is required"),
+    ],
+)
+def test_mle_dojo_source_needs_its_files(tmp_path, field, match):
+    config = components.override(_dojo_config(tmp_path), **{field: ""})
+    with pytest.raises(components.ConfigError, match=match):
+        components.load_tasks(config)
+
+
+def test_mle_dojo_metric_is_never_guessed(tmp_path):
+    config = _dojo_config(tmp_path, metrics={"comp-a": AUC, "comp-c": AUC})
+    with pytest.raises(components.ConfigError, match="no metric for competition 'comp-b'"):
+        components.load_tasks(config)
+
+
+def test_mle_dojo_source_needs_held_out_tasks(tmp_path):
+    config = _dojo_config(tmp_path, split={"train": ["comp-a", "comp-b", "comp-c"], "held-out": []})
+    with pytest.raises(components.ConfigError, match="no held-out tasks"):
+        components.load_tasks(config)
