@@ -108,7 +108,8 @@ def test_fork_bomb_is_contained(executor):
         """,
         timeout_s=3.0,
     )
-    assert result.status in ("timeout", "killed", "error"), result
+    # "oom" too: copies of the interpreter can fill the memory cap before the pids cap.
+    assert result.status in ("timeout", "killed", "error", "oom"), result
     assert time.monotonic() - start < 30
     assert_healthy(executor)
 
