@@ -14,6 +14,10 @@ into /work; the input dir is mounted read-only at /work/input (a readable copy
 is mounted instead when the unprivileged user could not read it). Bind mounts
 name paths on the engine's machine, so a remote engine (DOCKER_HOST) needs
 them on a shared filesystem. An exit code above 128 is read as a signal.
+When the wrapper around the program dies first (the program killed it, or
+the OOM killer picked it in a fork bomb), what it left may hold the output
+stream open: after `STREAM_GRACE_S` the container is stopped and the result
+is the wrapper's status ("killed"), without output files.
 """
 
 import io
