@@ -13,6 +13,7 @@ and plot, so the README never carries hand-typed numbers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -52,6 +53,52 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
     return analysis
 
 
+def headline(analysis: dict) -> str:
+    """The README's headline sentences, composed from the analysis alone."""
+    wmrl, real = analysis["wmrl"], analysis["real"]
+    num = report.fmt_number
+    if real["heldout_target_above_start"]:
+        paper = (
+            f"**{num(wmrl['ratio_median'], '.2f')}×** [{num(wmrl['ratio_min'], '.2f')}, "
+            f"{num(wmrl['ratio_max'], '.2f')}] (median [min, max] over the "
+            f"{wmrl['reached']}/{wmrl['seeds']} seeds that reach it)"
+        )
+    else:
+        paper = (
+            "**not measurable here**: `real` itself ends lower on the held-out tasks than it "
+            f"starts ({real['heldout_before']:.3f} → {real['heldout_final']:.3f}), so there is "
+            "no target to reach"
+        )
+    w_train, r_train = wmrl["train_reward_final"], real["train_reward_final"]
+    diff = wmrl["heldout_final"] - real["heldout_final"]
+    se = math.hypot(wmrl["heldout_final_se"], real["heldout_final_se"])
+    heldout = (
+        f"On the held-out tasks `wmrl` and `real` end within two standard errors of each "
+        f"other ({wmrl['heldout_final']:.3f} vs {real['heldout_final']:.3f}, difference "
+        f"{diff:+.3f} ± {se:.3f}), so the held-out reverse ratio ({report.matched_cell(wmrl)}) "
+        "is no evidence either way."
+        if abs(diff) < 2 * se
+        else f"On the held-out tasks `wmrl` ends {'above' if diff > 0 else 'below'} `real` "
+        f"({wmrl['heldout_final']:.3f} vs {real['heldout_final']:.3f}, difference {diff:+.3f} "
+        f"± {se:.3f}); real's compute to reach `wmrl`'s held-out level over `wmrl`'s: "
+        f"{report.matched_cell(wmrl)}."
+    )
+    return " ".join(
+        [
+            "Headline in the paper's form, real / wmrl compute to reach `real`'s final held-out "
+            f"percentile: {paper}.",
+            "In the reverse form, on the training tasks where every arm improves: real-execution "
+            f"GRPO needs **{report.matched_cell(wmrl, 'train_')}** the compute of `wmrl` to reach "
+            f"the true reward `wmrl` ends at ({w_train:.3f}); after the same number of updates "
+            f"`wmrl` ends {'below' if w_train < r_train else 'above'} `real` ({w_train:.3f} vs "
+            f"{r_train:.3f}; {wmrl['train_reached']}/{wmrl['seeds']} seeds reach `real`'s final).",
+            heldout,
+            "(“never”: `real` does not get there within its whole budget, so the ratio is a lower "
+            "bound.)",
+        ]
+    )
+
+
 def render(workdir: str, readme: str | None = None) -> None:
     """Tables (and the README section) from `workdir/results.json` and its plot."""
     with open(os.path.join(workdir, "results.json")) as f:
@@ -71,29 +118,11 @@ def render(workdir: str, readme: str | None = None) -> None:
     root = os.path.dirname(os.path.abspath(readme))
     os.makedirs(os.path.join(root, _ASSETS), exist_ok=True)
     shutil.copy(os.path.join(workdir, "study_compute.png"), os.path.join(root, _ASSETS))
-    wmrl, real = analysis.get("wmrl", {}), analysis.get("real", {})
-    meaningful = real.get("heldout_target_above_start", False)
-    headline = (
-        f"**{report.fmt_number(wmrl.get('ratio_median'), '.2f')}×** (median over the "
-        f"{wmrl.get('reached', 0)}/{wmrl.get('seeds', 0)} seeds that reach it)"
-        if meaningful
-        else "**not measurable here**: `real` itself ends lower on the held-out tasks than "
-        f"it starts ({real.get('heldout_before', float('nan')):.3f} → "
-        f"{real.get('heldout_final', float('nan')):.3f}), so there is no target to reach; the "
-        "train-task columns compare the arms where training does improve"
-    )
-    matched = (
-        f"The reverse comparison, real's compute to reach `wmrl`'s final level over "
-        f"`wmrl`'s: **{report.matched_cell(wmrl)}** on the held-out tasks, "
-        f"{report.matched_cell(wmrl, 'train_')} on the training tasks (“never”: real does not "
-        "get there within its whole budget, so the ratio is a lower bound)."
-    )
     body = "\n".join(
         [
             f"`python -m experiments.study_compute` ({config['study']['num_seeds']} seeds, "
             f"{config['num_steps']} updates per run, {payload['wall_seconds'] / 60:.0f} min on "
-            f"this CPU). Headline, real / wmrl compute to reach `real`'s final held-out "
-            f"percentile: {headline}. {matched}",
+            f"this CPU). {headline(analysis)}",
             "",
             table,
             "",
