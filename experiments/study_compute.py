@@ -29,7 +29,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", "outputs/study_compute", "Where outputs go.")
 _README = flags.DEFINE_string("readme", None, "README to update between the study markers.")
 _RENDER_ONLY = flags.DEFINE_bool(
-    "render_only", False, "Only re-render tables and the README from --workdir/results.json."
+    "render_only", False, "Only re-render the tables, the plot and the README from --workdir/results.json."
 )
 _ASSETS = "docs"
 
@@ -40,13 +40,15 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
     results = study.run_study(config, workdir, log=logging.info)
     analysis = study.analyse(results, smooth=config.study.smooth)
     os.makedirs(workdir, exist_ok=True)
-    plot = os.path.join(workdir, "study_compute.png")
-    report.plot_compute_study(results, list(config.study.arms), plot, step_series=study.step_series)
     payload = {
         "config": config.to_dict(),
         "analysis": analysis,
         "wall_seconds": time.perf_counter() - start,
-        "runs": {k: [{"history": s["history"]} for s in v] for k, v in results.items()},
+        # Every eval point and every step's metrics: what `render` plots from.
+        "runs": {
+            k: [{"history": s["history"], "steps": s["steps"]} for s in v]
+            for k, v in results.items()
+        },
     }
     report.write_json(os.path.join(workdir, "results.json"), payload)
     render(workdir, readme)
@@ -100,11 +102,13 @@ def headline(analysis: dict) -> str:
 
 
 def render(workdir: str, readme: str | None = None) -> None:
-    """Tables (and the README section) from `workdir/results.json` and its plot."""
+    """Tables, the plot (and the README section) from `workdir/results.json`."""
     with open(os.path.join(workdir, "results.json")) as f:
         payload = json.load(f)
     config, analysis = payload["config"], payload["analysis"]
     arms = list(config["study"]["arms"])
+    plot = os.path.join(workdir, "study_compute.png")
+    report.plot_compute_study(payload["runs"], arms, plot, step_series=study.step_series)
     sweeps = [label for label in analysis if label not in arms]
     table = report.format_study_table(analysis, arms)
     sweep_table = report.format_study_table(analysis, ["wmrl", "real", *sweeps])

@@ -223,36 +223,56 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
 
 
 def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
-    """Percentile vs compute and vs execution seconds (bands: ± s.e. over seeds);
-    fed-reward bias and error variance over training. Writes `path`, returns the figure."""
+    """Held-out percentile vs compute and vs execution seconds, and training-task true
+    reward vs compute (log scale; bands: ± s.e. over seeds); fed-reward bias, error
+    variance and the WM's within-group rank correlation over training. Writes `path`,
+    returns the figure."""
     # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
     from matplotlib.figure import Figure
 
-    from wmrl_jax.train.study import curves
+    from wmrl_jax.train.study import TRAIN_SMOOTH, curves, trailing_mean
 
-    fig = Figure(figsize=(11, 7))
-    axes = fig.subplots(2, 2)
-    for label in labels:
+    fig = Figure(figsize=(16, 7))
+    axes = fig.subplots(2, 3)
+    for i, label in enumerate(labels):
+        color = f"C{i}"  # One colour per run in every panel, also where a series is absent.
         c = curves(results[label])
         n = c["percentile"].shape[0]
         mean = c["percentile"].mean(0)
         se = c["percentile"].std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * mean
         for ax, xkey in ((axes[0, 0], "compute"), (axes[0, 1], "exec_seconds")):
             x = c[xkey].mean(0)
-            ax.plot(x, mean, label=label)
-            ax.fill_between(x, mean - se, mean + se, alpha=0.2)
+            ax.plot(x, mean, label=label, color=color)
+            ax.fill_between(x, mean - se, mean + se, alpha=0.2, color=color)
+        # The true reward of the training samples, smoothed as in `analyse`.
+        train = trailing_mean(step_series(results[label], "oracle/true_reward"), TRAIN_SMOOTH)
+        train_mean = train.mean(0)
+        train_se = train.std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * train_mean
+        x = step_series(results[label], "ledger/compute_seconds").mean(0)
+        axes[0, 2].plot(x, train_mean, label=label, color=color)
+        axes[0, 2].fill_between(
+            x, train_mean - train_se, train_mean + train_se, alpha=0.2, color=color
+        )
         steps = np.arange(1, len(results[label][0]["steps"]) + 1)
-        for ax, key in ((axes[1, 0], "oracle/fed_bias"), (axes[1, 1], "oracle/fed_error_var")):
+        for ax, key in (
+            (axes[1, 0], "oracle/fed_bias"),
+            (axes[1, 1], "oracle/fed_error_var"),
+            (axes[1, 2], "oracle/wm_group_rank_corr"),
+        ):
             series = step_series(results[label], key)
             if np.isfinite(series).any():
                 y = _smooth_mean(series, 5)
-                ax.plot(steps[len(steps) - len(y) :], y, label=label)
+                ax.plot(steps[len(steps) - len(y) :], y, label=label, color=color)
     axes[0, 0].set_xlabel("compute seconds (generation + WM + execution)")
     axes[0, 1].set_xlabel("execution seconds")
     for ax in axes[0]:
         ax.set_ylabel("held-out percentile")
     axes[1, 0].set_ylabel("bias of fed rewards (vs true)")
     axes[1, 1].set_ylabel("error variance of fed rewards")
+    axes[0, 2].set_xscale("log")
+    axes[0, 2].set_xlabel("compute seconds (log scale)")
+    axes[0, 2].set_ylabel("training-task true reward")
+    axes[1, 2].set_ylabel("WM rank correlation within a group")
     for ax in axes[1]:
         ax.set_xlabel("policy update")
     for ax in axes.flat:

@@ -31,6 +31,9 @@ import numpy as np
 
 from wmrl_jax.train import components, loop
 
+# Policy updates in the moving average of the training samples' true reward.
+TRAIN_SMOOTH = 5
+
 
 def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
     """(label, overrides) of every run per seed: the arms, then the ρ and WM-quality sweeps."""
@@ -78,7 +81,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> 
     return results
 
 
-def _smooth(x: np.ndarray, window: int) -> np.ndarray:
+def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average along the last axis (shorter windows at the start)."""
     c = np.cumsum(np.pad(x, [(0, 0)] * (x.ndim - 1) + [(1, 0)]), axis=-1)
     n = np.arange(1, x.shape[-1] + 1)
@@ -162,12 +165,12 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
     run's final level (`matched_*`; a lower bound where it never gets there).
     """
     base = curves(results[baseline])
-    base_sm = _smooth(base["percentile"], smooth)
+    base_sm = trailing_mean(base["percentile"], smooth)
     targets = base_sm[:, -1]  # Per seed.
     base_reach = _reach(base["compute"], base_sm, targets)
     # The same on the training tasks: the true reward of the samples (replay knows
     # it), smoothed over steps, against the baseline's final value.
-    base_train = _smooth(step_series(results[baseline], "oracle/true_reward"), 5)
+    base_train = trailing_mean(step_series(results[baseline], "oracle/true_reward"), TRAIN_SMOOTH)
     train_targets = base_train[:, -1]
     base_train_x = step_series(results[baseline], "ledger/compute_seconds")
     base_train_reach = _reach(base_train_x, base_train, train_targets)
@@ -176,7 +179,7 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
     out = {}
     for label, summaries in results.items():
         c = curves(summaries)
-        sm = _smooth(c["percentile"], smooth)
+        sm = trailing_mean(c["percentile"], smooth)
         reach = _reach(c["compute"], sm, targets)
         reach_exec = _reach(c["exec_seconds"], sm, targets)
         ratio = _ratio(base_reach, reach)
@@ -200,7 +203,7 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
             "ratio_max": _nanstat(np.nanmax, ratio),
         }
         row.update(_matched_row("", *_matched(base["compute"], base_sm, c["compute"], sm)))
-        train = _smooth(step_series(summaries, "oracle/true_reward"), 5)
+        train = trailing_mean(step_series(summaries, "oracle/true_reward"), TRAIN_SMOOTH)
         train_x = step_series(summaries, "ledger/compute_seconds")
         t_reach = _reach(train_x, train, train_targets)
         t_ratio = _ratio(base_train_reach, t_reach)
