@@ -29,7 +29,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", "outputs/study_compute", "Where outputs go.")
 _README = flags.DEFINE_string("readme", None, "README to update between the study markers.")
 _RENDER_ONLY = flags.DEFINE_bool(
-    "render_only", False, "Only re-render the tables, the plot and the README from --workdir/results.json."
+    "render_only",
+    False,
+    "Only re-render the tables, the plot and the README from --workdir/results.json.",
 )
 _ASSETS = "docs"
 
