@@ -172,8 +172,8 @@ def test_cli_fails_on_unexpected_board_failures(monkeypatch, capsys, failing, se
     monkeypatch.setattr(builtin, "build", lambda out, **kw: [os.path.join(out, i) for i in ids])
 
     def check(path):
-        ok = os.path.basename(path) not in failing
         name = os.path.basename(path)
+        ok = name not in failing
         return builtin.BoardCheck(name, 234, 0.0, 0.6, 0.99, "ensemble_top1", True, ok, True)
 
     monkeypatch.setattr(builtin, "check_board", check)

@@ -42,7 +42,7 @@ def _study(seeds=3):
         # Ends above real's best on held-out (real never matches it) and reaches
         # 0.6 (real's final) at 5 s; its train reward plateaus at 0.6.
         "better": [
-            _run(cheap_c, 0.4 + 0.4 * points, 10 * steps, np.minimum(0.6, 0.3 + 0.1 * steps * 10))
+            _run(cheap_c, 0.4 + 0.4 * points, 10 * steps, np.minimum(0.6, 0.3 + steps))
             for _ in range(seeds)
         ],
         # Gets worse: no level to match.
