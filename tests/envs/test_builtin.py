@@ -183,3 +183,64 @@ def test_cli_fails_on_unexpected_board_failures(monkeypatch, capsys, failing, se
     known -= "digits" in failing
     assert f"{len(failing)} boards fail ({known} known, {len(failing) - known} unexpected)" in out
     assert ("(known: KNOWN_FAILING_BOARDS)" in out) == (seed == 0 and "iris" in failing)
+
+
+def _offset_board(baseline_offset: float):
+    """Entries off the truth by constant offsets: RMSE = |offset| on any resample of the rows."""
+    offsets = {f"single{k}": 1.0 + k for k in range(7)}  # RMSE 1..7; 10 entries in all.
+    offsets |= {"ensemble_top0": 0.5, "ensemble_top1": 3.5, builtin.BASELINE_ENTRY: baseline_offset}
+    y = np.linspace(-1.0, 1.0, 20)
+    names = list(offsets)
+    return names, [y + offsets[n] for n in names], y
+
+
+@pytest.mark.parametrize("offset, want_baseline, ok", [(2.25, 0.65, 1.0), (0.75, 0.85, 0.0)])
+def test_resampled_checks_on_a_board_that_resampling_cannot_move(offset, want_baseline, ok):
+    names, preds, y = _offset_board(offset)
+    score = lambda yt, p: float(np.sqrt(np.mean((p - yt) ** 2)))
+    b, e = builtin.resampled_checks(
+        names, preds, y, score=score, direction="lower", rule="mid_rank", resamples=30
+    )
+    assert b.shape == e.shape == (30,)
+    np.testing.assert_allclose(b, want_baseline)  # (6 or 8 worse + half its own tie) / 10.
+    np.testing.assert_allclose(e, 0.95)  # The best ensemble tops the board: (9 + 0.5) / 10.
+    assert np.mean((b >= 0.5) & (b <= 0.75)) == ok
+
+
+def test_resampled_checks_move_with_the_rows_and_skip_undefined_draws():
+    rng = np.random.default_rng(0)
+    y = (np.arange(12) < 2).astype(np.int64)  # AUC is undefined on draws without a positive.
+    names = [builtin.BASELINE_ENTRY, "ensemble_top0", *(f"s{k}" for k in range(6))]
+    preds = [rng.uniform(size=12) for _ in names]
+    auc = lambda yt, p: float(sk_metrics.roc_auc_score(yt, p))
+    b, e = builtin.resampled_checks(
+        names, preds, y, score=auc, direction="higher", rule="mid_rank", resamples=200
+    )
+    assert 0 < len(b) < 200  # ~ (10/12)^12 = 11% of draws hold no positive row.
+    assert len(np.unique(b)) > 3 and np.all((b >= 0) & (b <= 1)) and np.all((e >= 0) & (e <= 1))
+
+
+def test_noise_refits_the_built_board(builtin_suite):
+    (check,) = builtin.check_noise(["iris"], resamples=20)
+    built = builtin.check_board(os.path.join(builtin_suite, "iris"))
+    # The in-memory refit reproduces the written board's positions exactly.
+    assert (check.baseline, check.ensemble) == (built.baseline, built.ensemble)
+    assert check.task_id == "iris" and check.n_test == 45 and check.resamples == 20
+    assert check.baseline_band[0] <= check.baseline_band[1] and 0 <= check.p_both <= 1
+    assert check.p_both <= min(check.p_baseline, check.p_ensemble)
+    assert "P(both)" in check.line()
+
+
+def test_noise_cli(monkeypatch, capsys):
+    seen = {}
+
+    def fake(only, **kw):
+        seen.update(only=only, **kw)
+        return [builtin.NoiseCheck("iris", 45, 5, 0.8, (0.7, 0.9), 0.2, 0.8, (0.6, 1.0), 0.1, 0.0)]
+
+    monkeypatch.setattr(builtin, "check_noise", fake)
+    assert builtin.main(["noise", "--only", "iris", "--resamples", "5"]) == 0
+    assert seen == {"only": ["iris"], "seed": 0, "workers": 2, "resamples": 5}
+    assert "iris" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        builtin.main(["noise", "--resamples", "0"])
