@@ -54,6 +54,11 @@ BLEND_TOP = 5
 ENSEMBLE_PREFIX = "ensemble_"
 NUM_ENSEMBLES = 60
 SECONDS_FILE = "fit_predict_seconds.csv"
+# The board checks: the sample submission at or below SAMPLE_MAX, the baseline
+# within BASELINE_WINDOW, the best tuned ensemble at or above ENSEMBLE_MIN.
+SAMPLE_MAX = 0.10
+BASELINE_WINDOW = (0.5, 0.75)
+ENSEMBLE_MIN = 0.95
 # Boards of the seed-0 suite that miss a check, and why; `build` reports them
 # but fails only on others. `noise` gives the share of bootstrap draws of the
 # test rows where both checks hold: iris 0.02, wine 0.04, linear_cls_multi 0.55.
@@ -75,8 +80,8 @@ class BoardCheck(NamedTuple):
         baseline: percentile of `BASELINE_ENTRY` (`default_blend`).
         ensemble: percentile of the best tuned ensemble (`ensemble_*` entries);
             ensemble_entry names it.
-        sample_ok: sample <= 0.10; baseline_ok: 0.5 <= baseline <= 0.75;
-            ensemble_ok: ensemble >= 0.95.
+        sample_ok: sample <= `SAMPLE_MAX`; baseline_ok: baseline within
+            `BASELINE_WINDOW`; ensemble_ok: ensemble >= `ENSEMBLE_MIN`.
     """
 
     task_id: str
@@ -111,20 +116,36 @@ def check_board(task_dir: str) -> BoardCheck:
     path = os.path.join(task_dir, "private", "leaderboards", f"{task.leaderboards[0]}.csv")
     with open(path, newline="", encoding="utf-8") as f:
         rows = [(r["entry"], float(r["score"])) for r in csv.DictReader(f)]
-    board = [s for _, s in rows]
-    scores = dict(rows)
-    direction, rule = task.metric.direction, task.percentile_rule
-    sign = 1.0 if direction == metrics.HIGHER else -1.0
-    ens = [(sign * s, n) for n, s in rows if n.startswith(ENSEMBLE_PREFIX)]
-    if BASELINE_ENTRY not in scores or not ens:
+    names = [n for n, _ in rows]
+    if BASELINE_ENTRY not in names or not any(n.startswith(ENSEMBLE_PREFIX) for n in names):
         raise ValueError(f"{path} lacks {BASELINE_ENTRY!r} or {ENSEMBLE_PREFIX}* entries")
-    best = max(ens)[1]
-    pct = lambda s: grading.percentile(s, board, direction=direction, rule=rule)
+    board = np.array([s for _, s in rows])
+    kw = {"direction": task.metric.direction, "rule": task.percentile_rule}
+    b, e, best = _positions(names, board, **kw)
     sample = grading.grade(task, os.path.join(task.public_dir, "sample_submission.csv"))
     if not sample.valid:
         raise ValueError(f"{task_dir}: sample submission does not grade: {sample.message}")
-    s, b, e = sample.percentile, pct(scores[BASELINE_ENTRY]), pct(scores[best])
-    return BoardCheck(task.id, len(board), s, b, e, best, s <= 0.10, 0.5 <= b <= 0.75, e >= 0.95)
+    s = sample.percentile
+    ok = (s <= SAMPLE_MAX, bool(_baseline_ok(b)), e >= ENSEMBLE_MIN)
+    return BoardCheck(task.id, len(board), s, b, e, best, *ok)
+
+
+def _baseline_ok(percentile):
+    """Whether the baseline's percentile (a float or an array) lies in `BASELINE_WINDOW`."""
+    return np.logical_and(percentile >= BASELINE_WINDOW[0], percentile <= BASELINE_WINDOW[1])
+
+
+def _positions(names, board: np.ndarray, *, direction: str, rule: str) -> tuple[float, float, str]:
+    """Percentiles of `BASELINE_ENTRY` and of the best `ensemble_*` entry on `board`, and
+    the best entry's name (ties go to the greater name)."""
+    sign = 1.0 if direction == metrics.HIGHER else -1.0
+    best = max(
+        (sign * s, n) for n, s in zip(names, board, strict=True) if n.startswith(ENSEMBLE_PREFIX)
+    )[1]
+    pct = lambda n: grading.percentile(
+        board[list(names).index(n)], board, direction=direction, rule=rule
+    )
+    return pct(BASELINE_ENTRY), pct(best), best
 
 
 class _Candidate(NamedTuple):
@@ -413,16 +434,6 @@ class NoiseCheck(NamedTuple):
         )
 
 
-def _positions(names, board: np.ndarray, *, direction: str, rule: str) -> tuple[float, float]:
-    """Percentiles of `BASELINE_ENTRY` and of the best `ensemble_*` entry on `board`."""
-    sign = 1.0 if direction == metrics.HIGHER else -1.0
-    ens = np.flatnonzero([n.startswith(ENSEMBLE_PREFIX) for n in names])
-    best = ens[np.argmax(sign * board[ens])]
-    base = list(names).index(BASELINE_ENTRY)
-    pct = lambda i: grading.percentile(board[i], board, direction=direction, rule=rule)
-    return pct(base), pct(best)
-
-
 def resampled_checks(
     names: Sequence[str],
     preds: Sequence[np.ndarray],
@@ -465,7 +476,7 @@ def resampled_checks(
                 continue
         if not np.all(np.isfinite(board)):
             continue
-        out.append(_positions(names, board, direction=direction, rule=rule))
+        out.append(_positions(names, board, direction=direction, rule=rule)[:2])
     pct = np.asarray(out, dtype=np.float64).reshape(-1, 2)
     return pct[:, 0], pct[:, 1]
 
@@ -496,11 +507,11 @@ def check_noise(
         kw = {"direction": metrics.METRICS[spec.metric].direction, "rule": "mid_rank"}
         score = functools.partial(suite.score_predictions, spec)
         board = np.array([score(data.y_test, p) for p in preds])
-        b0, e0 = _positions(names, board, **kw)
+        b0, e0, _ = _positions(names, board, **kw)
         b, e = resampled_checks(
             names, preds, data.y_test, score=score, resamples=resamples, seed=seed, **kw
         )
-        b_ok, e_ok = (b >= 0.5) & (b <= 0.75), e >= 0.95
+        b_ok, e_ok = _baseline_ok(b), e >= ENSEMBLE_MIN
         p_ok = [float(x.mean()) for x in (b_ok, e_ok, b_ok & e_ok)]
         out.append(
             NoiseCheck(
@@ -549,16 +560,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("build", help="write the suite with its leaderboards and check them")
     cmd.add_argument("--out", required=True, help="output directory")
-    cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--workers", type=int, default=2, help="worker processes")
-    cmd.add_argument("--only", default=None, help="comma-separated task ids")
-    cmd = sub.add_parser(
+    noise = sub.add_parser(
         "noise", help="refit the boards in memory and bootstrap their test rows (no files)"
     )
-    cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--workers", type=int, default=2, help="worker processes")
-    cmd.add_argument("--only", default=None, help="comma-separated task ids")
-    cmd.add_argument("--resamples", type=int, default=200, help="bootstrap draws per board")
+    noise.add_argument("--resamples", type=int, default=200, help="bootstrap draws per board")
+    for p in (cmd, noise):
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--workers", type=int, default=2, help="worker processes")
+        p.add_argument("--only", default=None, help="comma-separated task ids")
     args = parser.parse_args(argv)
     only = args.only.split(",") if args.only else None
     try:

@@ -222,6 +222,13 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
     return "\n".join([head, *rows])
 
 
+def _mean_se(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over seeds (axis 0) and its standard error (zero for one seed)."""
+    mean = x.mean(0)
+    n = x.shape[0]
+    return mean, (x.std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * mean)
+
+
 def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
     """Held-out percentile vs compute and vs execution seconds, and training-task true
     reward vs compute (log scale; bands: ± s.e. over seeds); fed-reward bias, error
@@ -237,17 +244,14 @@ def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
     for i, label in enumerate(labels):
         color = f"C{i}"  # One colour per run in every panel, also where a series is absent.
         c = curves(results[label])
-        n = c["percentile"].shape[0]
-        mean = c["percentile"].mean(0)
-        se = c["percentile"].std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * mean
+        mean, se = _mean_se(c["percentile"])
         for ax, xkey in ((axes[0, 0], "compute"), (axes[0, 1], "exec_seconds")):
             x = c[xkey].mean(0)
             ax.plot(x, mean, label=label, color=color)
             ax.fill_between(x, mean - se, mean + se, alpha=0.2, color=color)
         # The true reward of the training samples, smoothed as in `analyse`.
         train = trailing_mean(step_series(results[label], "oracle/true_reward"), TRAIN_SMOOTH)
-        train_mean = train.mean(0)
-        train_se = train.std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * train_mean
+        train_mean, train_se = _mean_se(train)
         x = step_series(results[label], "ledger/compute_seconds").mean(0)
         axes[0, 2].plot(x, train_mean, label=label, color=color)
         axes[0, 2].fill_between(
