@@ -53,6 +53,8 @@ BASELINE_ENTRY = "default_blend"
 BLEND_TOP = 5
 ENSEMBLE_PREFIX = "ensemble_"
 NUM_ENSEMBLES = 60
+# Hedges a tuned classifier ensemble chooses from by out-of-fold score (`_tuned_hedge`).
+HEDGE_GRID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 SECONDS_FILE = "fit_predict_seconds.csv"
 # The board checks: the sample submission at or below SAMPLE_MAX, the baseline
 # within BASELINE_WINDOW, the best tuned ensemble at or above ENSEMBLE_MIN.
@@ -61,13 +63,13 @@ BASELINE_WINDOW = (0.5, 0.75)
 ENSEMBLE_MIN = 0.95
 # Boards of the seed-0 suite that miss a check, and why; `build` reports them
 # but fails only on others. `noise` gives the share of bootstrap draws of the
-# test rows where both checks hold: iris 0.02, wine 0.04, linear_cls_multi 0.55.
+# test rows where both checks hold: iris 0.15, wine 0.16.
 # iris (45 test rows): tuned ensembles follow one 3-fold split's ranking, led by
-# boosting (log-loss 0.06 out of fold, 0.18 over repeated splits, 0.35 on test),
-# and land below lucky simple models. wine (53 test rows): the default blend is
-# above nearly all drawn competitors (baseline band 0.75-0.98). linear_cls_multi:
-# the baseline lands at 0.754, just above the 0.75 bound (band 0.70-0.84).
-KNOWN_FAILING_BOARDS = ("iris", "linear_cls_multi", "wine")
+# boosting (log-loss 0.06 out of fold, 0.18 over repeated splits, 0.35 on test);
+# the best lands at 0.870, below lucky simple models, and the blend at 0.767.
+# wine (53 test rows): the blend of five diverse defaults (0.088) is beaten by
+# 3 of 173 single entries and 9 of 60 ensembles, so it lands at 0.947.
+KNOWN_FAILING_BOARDS = ("iris", "wine")
 _CHUNK = 8
 
 
@@ -155,6 +157,36 @@ class _Candidate(NamedTuple):
     pred: np.ndarray  # [M] or [M, C]
     fit_s: float
     cv_s: float
+    hedge: float = ladder._HEDGE  # Uniform-mixture weight in a classifier's oof and pred.
+
+
+def _unhedged(c: _Candidate) -> _Candidate:
+    """`c` with its raw probabilities: the inverse of the entry's uniform-mixture hedge.
+
+    A competitor ensembling their own models averages what the models predict and
+    clips once, for the ensemble. Regressors are returned as they are.
+    """
+    if c.oof.ndim == 1:
+        return c
+    num_classes = c.oof.shape[1]
+    raw = lambda p: np.clip((p - c.hedge / num_classes) / (1.0 - c.hedge), 0.0, 1.0)
+    return c._replace(oof=raw(c.oof), pred=raw(c.pred), hedge=0.0)
+
+
+def _hedged(p: np.ndarray, hedge: float) -> np.ndarray:
+    """Mixes probabilities of shape [N, C] with the uniform distribution, weight `hedge`."""
+    return (1.0 - hedge) * p + hedge / p.shape[1]
+
+
+def _tuned_hedge(oof: np.ndarray, y: np.ndarray, metric: str) -> float:
+    """The `HEDGE_GRID` value with the best out-of-fold score for raw probabilities `oof`.
+
+    Ties go to the smaller hedge. Clipping is the one knob log-loss rewards on a
+    task a model nearly solves: too little and one confident mistake dominates,
+    too much and every confident right answer pays for it.
+    """
+    scores = [_oof_score(metric, y, _hedged(oof, h)) for h in HEDGE_GRID]
+    return HEDGE_GRID[int(np.argmax(scores))]
 
 
 def _oof_score(metric: str, y: np.ndarray, pred: np.ndarray) -> float:
@@ -172,11 +204,14 @@ def _oof_score(metric: str, y: np.ndarray, pred: np.ndarray) -> float:
     return value if metrics.METRICS[metric].direction == metrics.HIGHER else -value
 
 
-def _greedy(pool, y, metric: str, rounds: int) -> list[int]:
-    """Caruana et al. (2004) ensemble selection with replacement on out-of-fold predictions."""
+def _greedy(pool, y, score: Callable[[np.ndarray], float], rounds: int) -> list[int]:
+    """Caruana et al. (2004) ensemble selection with replacement on out-of-fold predictions.
+
+    `score` maps an out-of-fold average to a higher-is-better value.
+    """
     chosen, total = [], 0.0
     for r in range(rounds):
-        trial = [_oof_score(metric, y, (total + c.oof) / (r + 1)) for c in pool]
+        trial = [score((total + c.oof) / (r + 1)) for c in pool]
         chosen.append(int(np.argmax(trial)))
         total = total + pool[chosen[-1]].oof
     return chosen
@@ -238,29 +273,41 @@ def tuned_ensembles(
     Three kinds, each over a seeded random pool of the candidates: greedy
     ensemble selection with replacement, the average of the top k by
     cross-validated score, and stacking of the top k (`_stack`) with a drawn
-    regularisation strength. Seconds: the pool's cross-validation, the chosen
-    members' full fits, and the selection.
+    regularisation strength. Classifier averages combine the members' raw
+    probabilities (`_unhedged`), are selected with the entries' 1% hedge, and
+    are then hedged once by the `_tuned_hedge` of their out-of-fold average;
+    an average of members' hedges would carry a clipping nobody tuned.
+    Seconds: the pool's cross-validation, the chosen members' full fits, and
+    the selection.
     """
     rng = np.random.default_rng([seed, 11])
+    classifier = candidates[0].oof.ndim == 2
+    hedge = (lambda p, h: _hedged(p, h)) if classifier else (lambda p, h: p)
+    raw = [_unhedged(c) for c in candidates]
     out = []
     for k in range(NUM_ENSEMBLES):
         start = time.perf_counter()
         size = max(2, int(round(rng.uniform(0.6, 1.0) * len(candidates))))
-        pool = [candidates[i] for i in np.sort(rng.choice(len(candidates), size, replace=False))]
-        scores = np.array([_oof_score(metric, y_train, c.oof) for c in pool])
+        idx = np.sort(rng.choice(len(candidates), size, replace=False))
+        pool = [raw[i] for i in idx]
+        score = lambda p: _oof_score(metric, y_train, hedge(p, ladder._HEDGE))
+        scores = np.array([score(c.oof) for c in pool])
         kind = ("greedy", "top", "stack")[k % 3]
         if kind == "stack":
             chosen = list(np.argsort(-scores, kind="stable")[: int(rng.integers(3, 11))])
-            num_classes = pool[0].oof.shape[1] if pool[0].oof.ndim == 2 else None
+            num_classes = pool[0].oof.shape[1] if classifier else None
             strength = float(np.exp(rng.uniform(np.log(0.3), np.log(30.0))))
-            members = [pool[i] for i in chosen]
+            members = [candidates[idx[i]] for i in chosen]  # As the entries predict.
             pred = _stack(members, y_train, num_classes=num_classes, strength=strength)
-        elif kind == "greedy":
-            chosen = _greedy(pool, y_train, metric, int(rng.integers(15, 40)))
         else:
-            chosen = list(np.argsort(-scores, kind="stable")[: int(rng.integers(2, 13))])
-        if kind != "stack":
+            if kind == "greedy":
+                chosen = _greedy(pool, y_train, score, int(rng.integers(15, 40)))
+            else:
+                chosen = list(np.argsort(-scores, kind="stable")[: int(rng.integers(2, 13))])
             pred = np.mean([pool[i].pred for i in chosen], axis=0)
+            if classifier:
+                oof = np.mean([pool[i].oof for i in chosen], axis=0)
+                pred = _hedged(pred, _tuned_hedge(oof, y_train, metric))
         sec = sum(c.cv_s for c in pool) + sum(pool[i].fit_s for i in set(chosen))
         out.append((f"{ENSEMBLE_PREFIX}{kind}{k}", pred, sec + time.perf_counter() - start))
     return out
@@ -307,7 +354,7 @@ def _ensemble_task(task_id: str, seed: int, results: list[tuple]) -> list[tuple]
     spec, data, entries, _ = _task(task_id, seed)
     results = sorted(results, key=lambda r: r[0])  # Chunks arrive in completion order.
     candidates = [
-        _Candidate(entries[i].name, entries[i].family, oof, pred, fit_s, cv_s)
+        _Candidate(entries[i].name, entries[i].family, oof, pred, fit_s, cv_s, entries[i].hedge)
         for i, pred, oof, fit_s, cv_s in results
         if oof is not None
     ]
