@@ -108,6 +108,8 @@ def test_build_save_load_and_refresh_boards(tmp_path, suite_dir):
     built.save(path)
     table = tabular.RecipeTable.load(path, suite=os.fspath(mini))
     assert table.task_ids == ("iris",)
+    digest = table.digest()
+    assert tabular.RecipeTable.load(path).digest() == digest  # Stable across loads.
     assert table.status_names("iris")[0] == "ok" and table.status_names("iris")[1] == "error"
     assert table.meta["tasks"]["iris"]["messages"]["1"] == "not executed"
     score = table.score[0, 100]
@@ -118,6 +120,7 @@ def test_build_save_load_and_refresh_boards(tmp_path, suite_dir):
     tabular.main(["refresh-boards", "--suite", os.fspath(mini), "--table", path])
     refreshed = tabular.RecipeTable.load(path)
     assert refreshed.percentile("iris")[100] == pytest.approx(0.25)
+    assert refreshed.digest() != digest  # The boards moved.
     assert refreshed.reward("iris")[1] == grading.DEFAULT_FLOORS.error
     np.testing.assert_array_equal(refreshed.score, table.score)
     assert "iris" in tabular.summary(refreshed)

@@ -82,6 +82,12 @@ def test_round_trip_state_and_meta(tmp_path):
     assert isinstance(restored["params"], nnx.State)
     assert_trees_equal(restored, state)
     assert meta2 == meta
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        assert ckpt.meta() == ckpt.meta(7) == meta  # Without the state.
+        with pytest.raises(FileNotFoundError, match="step 8"):
+            ckpt.meta(8)
+    with Checkpointer(tmp_path / "empty") as ckpt, pytest.raises(FileNotFoundError):
+        ckpt.meta()
     assert Ledger.from_dict(meta2["ledger"]) == total  # floats exact through JSON
     # The restored key continues the same random stream.
     np.testing.assert_array_equal(

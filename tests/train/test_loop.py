@@ -104,6 +104,26 @@ def test_resume_gives_the_same_run(tmp_path):
     assert resumed["ledger"]["gen_tokens"] == full["ledger"]["gen_tokens"]
 
 
+def test_resume_refuses_checkpoints_of_another_run(tmp_path):
+    config = _config(num_steps=1, eval_every=1)
+    workdir = str(tmp_path / "run")
+    loop.train_and_evaluate(config, workdir)
+    # Longer training and another evaluation cadence continue the same run.
+    longer = components.override(config, num_steps=2, eval_every=2)
+    assert loop.train_and_evaluate(longer, workdir)["ledger"]["executions"] > 0
+    other = components.override(longer, seed=longer.seed + 1, **{"train.loss.kl_coef": 0.5})
+    with pytest.raises(ValueError, match=r"another run \(config seed; config train.loss.kl_coef\)"):
+        loop.Trainer(other, workdir)
+    # The same config on a table whose answers changed (a refreshed board, a rebuild).
+    replay = _replay(longer)
+    table = replay.table
+    board = next(iter(table.boards[table.task_ids[0]]))
+    table.boards[table.task_ids[0]][board] = table.boards[table.task_ids[0]][board] + 1.0
+    with pytest.raises(ValueError, match=r"another run \(outcome source \(replay:"):
+        loop.Trainer(longer, workdir, outcomes=replay)
+    assert loop.resume_mismatch({"a": {"b": 1}, "num_steps": 1}, {"a": {"b": 2}}) == ["a.b"]
+
+
 def test_infra_errors_are_retried_then_fall_back(tmp_path, caplog):
     config = _config(num_steps=1, eval_every=1)
     down = lambda out, n: out._replace(status="infra_error", reward=math.nan)  # noqa: E731

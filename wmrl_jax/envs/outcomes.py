@@ -180,6 +180,12 @@ class ReplayExecutor:
         self._rewards: dict[str, object] = {}
         self.startup_seconds = float(table.meta["startup_seconds"])
 
+    @property
+    def fingerprint(self) -> str:
+        """What decides this source's answers (the table's digest); a run resumes only
+        from checkpoints made with the same fingerprint."""
+        return f"replay:{self.table.digest()}"
+
     def _digests(self, task: Task) -> dict[str, int]:
         if task.id not in self._lookup:
             self.table.check_task(task)

@@ -136,6 +136,19 @@ class RecipeTable:
         """The status name of each recipe, length R."""
         return [STATUS_NAMES[c] for c in self.status[self.row(task_id)]]
 
+    def digest(self) -> str:
+        """sha256 over everything an answer depends on: tasks, statuses, scores, the
+        seconds charged, boards and meta (wall seconds, which are not charged, excluded)."""
+        h = hashlib.sha256()
+        h.update(json.dumps([self.task_ids, self.meta], sort_keys=True).encode())
+        for a in (self.status, self.score, self.seconds):
+            h.update(np.ascontiguousarray(a).tobytes())
+        for task_id in sorted(self.boards):
+            for name in sorted(self.boards[task_id]):
+                h.update(f"{task_id}/{name}".encode() + b"\0")
+                h.update(np.ascontiguousarray(self.boards[task_id][name], np.float64).tobytes())
+        return h.hexdigest()
+
     def percentile(self, task_id: str) -> np.ndarray:
         """Board percentile of each recipe (NaN unless valid), of shape [R]."""
         if task_id not in self._pct:

@@ -179,13 +179,7 @@ class Checkpointer:
         Raises:
             FileNotFoundError: no checkpoint (or not that step).
         """
-        self.wait()
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        elif step not in self._manager.all_steps():
-            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}")
+        step = self._existing(step)
         abstract = jax.tree.map(_abstract_leaf, abstract_state)
         out = self._manager.restore(
             step,
@@ -194,6 +188,26 @@ class Checkpointer:
             ),
         )
         return out["state"], dict(out["meta"])
+
+    def meta(self, step: int | None = None) -> dict:
+        """The JSON metadata of `step` (default: the latest), without reading the state.
+
+        Raises:
+            FileNotFoundError: no checkpoint (or not that step).
+        """
+        step = self._existing(step)
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def _existing(self, step: int | None) -> int:
+        self.wait()
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        elif step not in self._manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}")
+        return step
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves (and their cleanup) finish."""

@@ -26,6 +26,7 @@ the same for them and compute-to-target compares training cost alone.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -46,6 +47,25 @@ from wmrl_jax.train.ledger import Ledger
 from wmrl_jax.train.metrics import MetricWriter
 
 log = logging.getLogger(__name__)
+
+# Config keys a resumed run may change: how long it trains, how often it evaluates,
+# which checkpoints it keeps. A change to any other key makes it another run.
+RESUMABLE_KEYS = ("num_steps", "eval_every", "checkpoint")
+
+
+def resume_mismatch(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """Dotted config keys whose values differ between two config dicts, outside
+    `RESUMABLE_KEYS` (top level only), sorted."""
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        if not prefix and k in RESUMABLE_KEYS:
+            continue
+        a, b = saved.get(k, "<absent>"), current.get(k, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += resume_mismatch(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
 
 
 def step_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> list[Task]:
@@ -227,6 +247,8 @@ class Trainer:
             env = type(outcomes).__name__
         self.environment = env
         self.source = outcomes
+        # Replay sources name what decides their answers (the table); sandboxes execute.
+        self.fingerprint = getattr(outcomes, "fingerprint", None)
         self.outcomes = Outcomes(
             outcomes, retries=config.executor.infra_retries,
             on_infra_error=config.executor.on_infra_error,
@@ -285,12 +307,31 @@ class Trainer:
             if isinstance(x, jax.Array) else x,
             self.state,
         )  # fmt: skip
+        self._check_resumable(self.checkpointer.meta())  # Before reading any state.
         self.state, meta = self.checkpointer.restore(abstract_state=abstract)
         self.ledger = Ledger.from_dict(meta["ledger"])
         self.history = list(meta.get("history", []))
         step = int(meta["step"])
         log.info("resumed from step %d (%s)", step, self.checkpointer.directory)
         return step
+
+    def _check_resumable(self, meta: dict) -> None:
+        """Raises ValueError when the checkpoints were made by another run: another
+        config (outside `RESUMABLE_KEYS`) or another outcome source (a rebuilt table)."""
+        why = []
+        if "config" in meta:
+            saved, current = (
+                json.loads(c) for c in (meta["config"], self.config.to_json_best_effort())
+            )
+            why += [f"config {k}" for k in resume_mismatch(saved, current)]
+        if meta.get("outcomes_fingerprint") != self.fingerprint:
+            why.append(f"outcome source ({meta.get('outcomes_fingerprint')} != {self.fingerprint})")
+        if why:
+            raise ValueError(
+                f"{self.checkpointer.directory} holds checkpoints of another run "
+                f"({'; '.join(why)}): resume with the same config and outcome source, "
+                "or start in a fresh workdir"
+            )
 
     def _save(self, step: int, metrics: dict, *, force: bool = False) -> None:
         meta = {
@@ -299,6 +340,7 @@ class Trainer:
             "history": self.history,
             "task_iterator": {"seed": int(self.config.seed), "next_step": step},
             "config": self.config.to_json_best_effort(),
+            "outcomes_fingerprint": self.fingerprint,
         }
         self.checkpointer.save(step, self.state, meta, metrics=metrics, force=force)
 
