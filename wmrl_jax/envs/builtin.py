@@ -282,7 +282,8 @@ def tuned_ensembles(
     """
     rng = np.random.default_rng([seed, 11])
     classifier = candidates[0].oof.ndim == 2
-    hedge = (lambda p, h: _hedged(p, h)) if classifier else (lambda p, h: p)
+    selection_hedge = (lambda p: _hedged(p, ladder._HEDGE)) if classifier else (lambda p: p)
+    score = lambda p: _oof_score(metric, y_train, selection_hedge(p))
     raw = [_unhedged(c) for c in candidates]
     out = []
     for k in range(NUM_ENSEMBLES):
@@ -290,7 +291,6 @@ def tuned_ensembles(
         size = max(2, int(round(rng.uniform(0.6, 1.0) * len(candidates))))
         idx = np.sort(rng.choice(len(candidates), size, replace=False))
         pool = [raw[i] for i in idx]
-        score = lambda p: _oof_score(metric, y_train, hedge(p, ladder._HEDGE))
         scores = np.array([score(c.oof) for c in pool])
         kind = ("greedy", "top", "stack")[k % 3]
         if kind == "stack":
