@@ -78,7 +78,7 @@ def test_unhedged_recovers_the_raw_probabilities_an_entry_hedged():
     cand = builtin._Candidate("nb", "naive_bayes", pred, pred, 1.0, 1.0, entry.hedge)
     raw = naive_bayes.GaussianNB().fit(x, y).predict_proba(x[:5])
     np.testing.assert_allclose(builtin._unhedged(cand).pred, raw, atol=1e-12)
-    np.testing.assert_allclose(builtin._hedged(raw, 0.07), pred, atol=1e-12)
+    np.testing.assert_allclose(ladder.hedged(raw, 0.07), pred, atol=1e-12)
     reg = builtin._Candidate("r", "linear", np.ones(4), np.ones(2), 1.0, 1.0)
     assert builtin._unhedged(reg) is reg
 
@@ -102,7 +102,7 @@ def test_classifier_ensembles_clip_once_with_their_tuned_hedge():
     # Members hedged at 10% whose raw out-of-fold predictions are all right and confident:
     # the averaged ensembles drop the members' hedge for the grid's smallest.
     y = np.arange(30) % 3
-    hedged = lambda p: builtin._hedged(p, 0.1)
+    hedged = lambda p: ladder.hedged(p, 0.1)
     test = np.eye(3)[[0, 1, 2, 2]]
     members = [
         builtin._Candidate(n, "linear", hedged(np.eye(3)[y]), hedged(test), 1.0, 1.0, 0.1)
@@ -112,7 +112,7 @@ def test_classifier_ensembles_clip_once_with_their_tuned_hedge():
     averaged = [p for n, p, _ in out if "stack" not in n]
     assert averaged
     for p in averaged:
-        np.testing.assert_allclose(p, builtin._hedged(test, min(builtin.HEDGE_GRID)), atol=1e-12)
+        np.testing.assert_allclose(p, ladder.hedged(test, min(builtin.HEDGE_GRID)), atol=1e-12)
 
 
 def test_default_blend_averages_the_best_members_by_cv():

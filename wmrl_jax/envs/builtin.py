@@ -168,14 +168,8 @@ def _unhedged(c: _Candidate) -> _Candidate:
     """
     if c.oof.ndim == 1:
         return c
-    num_classes = c.oof.shape[1]
-    raw = lambda p: np.clip((p - c.hedge / num_classes) / (1.0 - c.hedge), 0.0, 1.0)
+    raw = lambda p: ladder.unhedged(p, c.hedge)
     return c._replace(oof=raw(c.oof), pred=raw(c.pred), hedge=0.0)
-
-
-def _hedged(p: np.ndarray, hedge: float) -> np.ndarray:
-    """Mixes probabilities of shape [N, C] with the uniform distribution, weight `hedge`."""
-    return (1.0 - hedge) * p + hedge / p.shape[1]
 
 
 def _tuned_hedge(oof: np.ndarray, y: np.ndarray, metric: str) -> float:
@@ -185,7 +179,7 @@ def _tuned_hedge(oof: np.ndarray, y: np.ndarray, metric: str) -> float:
     task a model nearly solves: too little and one confident mistake dominates,
     too much and every confident right answer pays for it.
     """
-    scores = [_oof_score(metric, y, _hedged(oof, h)) for h in HEDGE_GRID]
+    scores = [_oof_score(metric, y, ladder.hedged(oof, h)) for h in HEDGE_GRID]
     return HEDGE_GRID[int(np.argmax(scores))]
 
 
@@ -262,7 +256,7 @@ def _stack(pool, y, *, num_classes: int | None, strength: float) -> np.ndarray:
         return model.predict(scaler.transform(x_test))
     proba = np.zeros((len(x_test), num_classes))
     proba[:, model.classes_] = model.predict_proba(scaler.transform(x_test))
-    return (1.0 - ladder._HEDGE) * proba + ladder._HEDGE / num_classes
+    return ladder.hedged(proba, ladder._HEDGE)
 
 
 def tuned_ensembles(
@@ -282,7 +276,7 @@ def tuned_ensembles(
     """
     rng = np.random.default_rng([seed, 11])
     classifier = candidates[0].oof.ndim == 2
-    selection_hedge = (lambda p: _hedged(p, ladder._HEDGE)) if classifier else (lambda p: p)
+    selection_hedge = (lambda p: ladder.hedged(p, ladder._HEDGE)) if classifier else (lambda p: p)
     score = lambda p: _oof_score(metric, y_train, selection_hedge(p))
     raw = [_unhedged(c) for c in candidates]
     out = []
@@ -307,7 +301,7 @@ def tuned_ensembles(
             pred = np.mean([pool[i].pred for i in chosen], axis=0)
             if classifier:
                 oof = np.mean([pool[i].oof for i in chosen], axis=0)
-                pred = _hedged(pred, _tuned_hedge(oof, y_train, metric))
+                pred = ladder.hedged(pred, _tuned_hedge(oof, y_train, metric))
         sec = sum(c.cv_s for c in pool) + sum(pool[i].fit_s for i in set(chosen))
         out.append((f"{ENSEMBLE_PREFIX}{kind}{k}", pred, sec + time.perf_counter() - start))
     return out

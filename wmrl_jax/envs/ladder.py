@@ -288,7 +288,17 @@ def _fit_predict_one(model, x_fit, y_fit, x_pred, num_classes: int | None, hedge
         proba[:, np.asarray(model.classes_, dtype=np.int64)] = model.predict_proba(x_pred)
     # Competitors hedge: a uniform mixture keeps trees and 1-NN from posting
     # 0/1 probabilities whose log-loss would be unbounded.
-    return (1.0 - hedge) * proba + hedge / num_classes
+    return hedged(proba, hedge)
+
+
+def hedged(proba: np.ndarray, hedge: float) -> np.ndarray:
+    """Mixes probabilities of shape [..., C] with the uniform distribution, weight `hedge`."""
+    return (1.0 - hedge) * proba + hedge / proba.shape[-1]
+
+
+def unhedged(proba: np.ndarray, hedge: float) -> np.ndarray:
+    """The inverse of `hedged` (clipped to [0, 1] against rounding)."""
+    return np.clip((proba - hedge / proba.shape[-1]) / (1.0 - hedge), 0.0, 1.0)
 
 
 def fit_predict(
