@@ -188,3 +188,65 @@ def test_readout_errors():
         score_bin_readout(jnp.zeros(3), jnp.array([0.0]), jnp.array([0.5]))
     with pytest.raises(ValueError):
         bin_centres(0)
+
+
+# ---- hostile answers: never a crash, linear work -----------------------------------------
+
+ANSWER = '{"valid_probability": 1, "percentile": 0.25}'
+
+
+@pytest.mark.parametrize(
+    "text, status",
+    [
+        ('{"valid_probability": 1' + "0" * 400 + ', "percentile": 0.5}', "bad_value"),
+        ('{"valid_probability": 1, "percentile": ' + "9" * 5000 + "}", "bad_value"),
+        ('{"valid_probability": "1' + "0" * 400 + '", "percentile": 0.5}', "bad_value"),
+        ('{"valid_probability": 1e400, "percentile": 0.5}', "bad_value"),
+        ("[" * 100_000 + "]" * 100_000, "no_json"),
+        ('{"a": ' * 100_000 + "1" + "}" * 100_000, "missing_keys"),
+        ("{" * (1 << 20), "no_json"),
+        ("{" * (1 << 20) + ANSWER, "ok"),
+        ('{"a": ' * 50_000 + ANSWER + "}" * 50_000, "ok"),  # the nested answer is still found
+        ('{"valid_probability": 1, "percentile": 0.5, "why": {"a": [1, {"b": 2}]}}', "ok"),
+        ('{"valid_probability": 1, "percentile": 0.5, "note": "}"}', "ok"),
+        ("\0\ud800" + '"' * 1000 + "{}" * 1000, "missing_keys"),
+    ],
+    ids=[
+        "400-digit-int",
+        "5000-digit-int",
+        "400-digit-string",
+        "float-overflow",
+        "deep-list",
+        "deep-object",
+        "1MiB-of-braces",
+        "braces-then-answer",
+        "answer-nested-deep",
+        "answer-with-nested-values",
+        "brace-inside-a-string",
+        "odd-characters",
+    ],
+)
+def test_adversarial_answers_are_unusable_not_crashes(text, status):
+    prediction = parse_wm_answer(text)
+    assert prediction.status == status
+    assert prediction.usable == (status == "ok")
+
+
+def test_parsing_work_is_linear_in_the_text(monkeypatch):
+    """The characters handed to the JSON decoder, summed over every attempt, stay within
+    a constant times the text's length (the old search re-decoded from every brace)."""
+    from wmrl_jax.worldmodel import parsing
+
+    decoded = []
+
+    class CountingDecoder:
+        def raw_decode(self, doc, idx=0):
+            decoded.append(len(doc) - idx)
+            return parsing.json.JSONDecoder().raw_decode(doc, idx)
+
+    monkeypatch.setattr(parsing, "_DECODER", CountingDecoder())
+    bound_extra = parsing.MAX_TAIL_STARTS * parsing.MAX_OBJECT_CHARS
+    for text in ("{" * (1 << 17), '{"a": ' * 20_000, "{}" * (1 << 16), "x{" * (1 << 16)):
+        decoded.clear()
+        parse_wm_answer(text)
+        assert sum(decoded) <= 2 * len(text) + bound_extra, (text[:20], sum(decoded))

@@ -3,9 +3,17 @@
 An answer is parsed, never trusted: the last JSON object in the text that
 holds the answer keys wins (reasoning and drafts before it are ignored),
 numbers are clamped to [0, 1], and anything unusable (no JSON, missing keys,
-non-numeric or non-finite values, output truncated mid-object) becomes a
+non-numeric or non-finite values, numbers too large for a float, output
+truncated mid-object, nesting deeper than the decoder allows) becomes a
 prediction with NaN mean and infinite variance, which the reward correction
 treats as "no prediction" instead of crashing.
+
+The search takes time linear in the text's length, whatever the text: the
+candidates are (a) every brace-free `{...}` span (disjoint, found by one
+regular-expression scan) and (b) the objects starting at the last
+`MAX_TAIL_STARTS` opening braces, each decoded from a window of at most
+`MAX_OBJECT_CHARS` characters, so that an answer object with nested values
+near the end is found too.
 
 The predicted reward is on the real reward's scale: with validity probability
 `p`, percentile `q` and the reward of an invalid submission `f`,
@@ -21,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,7 +37,12 @@ import numpy as np
 from wmrl_jax.worldmodel.prompts import ANSWER_KEYS
 
 STATUSES = ("ok", "no_json", "missing_keys", "bad_value")
-_DECODER = json.JSONDecoder()
+# Integers as floats: a 5000-digit integer is then infinite (unusable), not a ValueError.
+_DECODER = json.JSONDecoder(parse_int=float)
+_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
+# Bounds of the nested-object search (b); an answer object is a few hundred characters.
+MAX_TAIL_STARTS = 64
+MAX_OBJECT_CHARS = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,22 +89,40 @@ def _number(value) -> float | None:
             value = float(text.rstrip("%")) / scale
         except ValueError:
             return None
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        value = float(value)  # a 400-digit integer: OverflowError
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
-def _answer_objects(text: str):
-    """JSON objects in `text` that hold the answer keys, last first."""
-    position = text.rfind("{")
-    while position != -1:
-        try:
-            value, _ = _DECODER.raw_decode(text, position)
-        except json.JSONDecodeError:
-            value = None
-        if isinstance(value, dict) and all(k in value for k in ANSWER_KEYS):
-            yield value
+def _decode(text: str, start: int, end: int):
+    """The JSON value at `text[start:end]`'s start, or None (any failure, never raised)."""
+    try:
+        return _DECODER.raw_decode(text[start:end])[0]
+    except (ValueError, RecursionError):  # ValueError: also too many digits for an int
+        return None
+
+
+def _objects(text: str) -> list[tuple[int, dict]]:
+    """(start, object) of the candidate JSON objects in `text` (module docstring), any order."""
+    found = []
+    for match in _FLAT_OBJECT.finditer(text):
+        if match.end() - match.start() <= MAX_OBJECT_CHARS:
+            value = _decode(text, match.start(), match.end())
+            if isinstance(value, dict):
+                found.append((match.start(), value))
+    position = len(text)
+    for _ in range(MAX_TAIL_STARTS):
         position = text.rfind("{", 0, position)
+        if position == -1:
+            break
+        value = _decode(text, position, position + MAX_OBJECT_CHARS)
+        if isinstance(value, dict):
+            found.append((position, value))
+    return found
 
 
 def parse_wm_answer(text: str, *, invalid_reward: float = 0.0) -> WMPrediction:
@@ -109,28 +141,19 @@ def parse_wm_answer(text: str, *, invalid_reward: float = 0.0) -> WMPrediction:
       >>> p.mean, p.variance, p.status
       (0.8, 0.0, 'ok')
     """
-    for obj in _answer_objects(text):
-        p, q = _number(obj[ANSWER_KEYS[0]]), _number(obj[ANSWER_KEYS[1]])
-        if p is None or q is None:
-            return _unusable("bad_value", text)
-        clamped = not (0.0 <= p <= 1.0 and 0.0 <= q <= 1.0)
-        p, q = min(max(p, 0.0), 1.0), min(max(q, 0.0), 1.0)
-        mean = p * q + (1.0 - p) * invalid_reward
-        variance = p * (1.0 - p) * (q - invalid_reward) ** 2
-        return WMPrediction(mean, variance, p, q, "ok", clamped=clamped, raw_text=text)
-    return _unusable("missing_keys" if _has_object(text) else "no_json", text)
-
-
-def _has_object(text: str) -> bool:
-    position = text.find("{")
-    while position != -1:
-        try:
-            if isinstance(_DECODER.raw_decode(text, position)[0], dict):
-                return True
-        except json.JSONDecodeError:
-            pass
-        position = text.find("{", position + 1)
-    return False
+    objects = _objects(text)
+    answers = [(start, o) for start, o in objects if all(k in o for k in ANSWER_KEYS)]
+    if not answers:
+        return _unusable("missing_keys" if objects else "no_json", text)
+    obj = max(answers, key=lambda pair: pair[0])[1]
+    p, q = _number(obj[ANSWER_KEYS[0]]), _number(obj[ANSWER_KEYS[1]])
+    if p is None or q is None:
+        return _unusable("bad_value", text)
+    clamped = not (0.0 <= p <= 1.0 and 0.0 <= q <= 1.0)
+    p, q = min(max(p, 0.0), 1.0), min(max(q, 0.0), 1.0)
+    mean = p * q + (1.0 - p) * invalid_reward
+    variance = p * (1.0 - p) * (q - invalid_reward) ** 2
+    return WMPrediction(mean, variance, p, q, "ok", clamped=clamped, raw_text=text)
 
 
 def combine(predictions: Sequence[WMPrediction]) -> WMPrediction:
