@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 
 import pytest
@@ -96,4 +97,120 @@ def test_missing_or_broken_files(tmp_path, make_task):
         json.dump(base_manifest(), f)
     os.remove(os.path.join(root, "description.md"))
     with pytest.raises(task_lib.ManifestError, match="description.md"):
+        task_lib.load_task(root)
+
+
+# ---- the public/private boundary on disk -------------------------------------------------
+
+
+def _link_answers(root, name="answers.csv"):
+    os.symlink(os.path.join("..", "private", "answers.csv"), os.path.join(root, "public", name))
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "link-to-answers",
+        "absolute-link-to-answers",
+        "link-to-private-dir",
+        "link-outside-the-task",
+        "public-is-private",
+        "public-is-a-link-into-private",
+        "hard-link-of-answers",
+        "description-is-the-answers",
+        "fifo",
+    ],
+)
+def test_public_side_cannot_reach_the_private_side(make_task, attack):
+    root = make_task()
+    public, private = os.path.join(root, "public"), os.path.join(root, "private")
+    answers = os.path.join(private, "answers.csv")
+    if attack == "link-to-answers":
+        _link_answers(root)
+    elif attack == "absolute-link-to-answers":
+        os.symlink(answers, os.path.join(public, "a.csv"))
+    elif attack == "link-to-private-dir":
+        os.symlink(private, os.path.join(public, "p"))
+    elif attack == "link-outside-the-task":
+        os.symlink("/etc/hostname", os.path.join(public, "host"))
+    elif attack == "public-is-private":
+        os.rmdir(public)
+        os.symlink("private", public)
+    elif attack == "public-is-a-link-into-private":
+        os.mkdir(os.path.join(private, "inner"))
+        os.rmdir(public)
+        os.symlink(os.path.join("private", "inner"), public)
+    elif attack == "hard-link-of-answers":
+        os.link(answers, os.path.join(public, "train.csv"))
+    elif attack == "description-is-the-answers":
+        os.remove(os.path.join(root, "description.md"))
+        os.symlink(answers, os.path.join(root, "description.md"))
+    elif attack == "fifo":
+        os.mkfifo(os.path.join(public, "pipe"))
+    with pytest.raises(task_lib.ManifestError, match="'toy'"):
+        task_lib.load_task(root)
+
+
+def test_public_may_be_a_link_and_hold_links_inside_it(make_task, tmp_path):
+    root = make_task()
+    upstream = tmp_path / "upstream_public"
+    upstream.mkdir()
+    (upstream / "train.csv").write_text("x\n1\n")
+    (upstream / "alias.csv").symlink_to("train.csv")
+    os.rmdir(os.path.join(root, "public"))
+    os.symlink(upstream, os.path.join(root, "public"))
+    task = task_lib.load_task(root)
+    assert os.path.realpath(task.public_dir) == str(upstream)
+
+
+def test_a_link_added_after_loading_reaches_no_program(make_task):
+    """The executor refuses it too: an infra error (NaN reward, masked), never reward 1."""
+    import warnings
+
+    from wmrl_jax.envs.outcomes import SandboxOutcomes
+    from wmrl_jax.sandbox import LocalExecutor, WeakIsolationWarning
+
+    root = make_task()
+    task = task_lib.load_task(root)
+    _link_answers(root, "leak.csv")
+    copy_answers = "import shutil\nshutil.copy('input/leak.csv', 'output/submission.csv')\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WeakIsolationWarning)
+        executor = LocalExecutor(timeout_s=30)
+    outcomes = SandboxOutcomes(executor)
+    try:
+        outcome = outcomes.submit(task, copy_answers).result()
+    finally:
+        outcomes.close()
+    assert outcome.status == "infra_error" and math.isnan(outcome.reward), outcome
+    assert "leak.csv" in outcome.message
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), -float("inf"), -1, 0, 10**400, "60", True, None],
+    ids=["nan", "inf", "-inf", "negative", "zero", "10**400", "string", "bool", "null"],
+)
+def test_non_finite_or_impossible_limits_are_refused(make_task, value):
+    root = make_task(manifest=base_manifest(limits={"wall_seconds": value, "memory_mb": 512}))
+    with pytest.raises(task_lib.ManifestError, match="'limits.wall_seconds'"):
+        task_lib.load_task(root)
+
+
+@pytest.mark.parametrize("name", [["rmse"], {"a": 1}, 3])
+def test_metric_name_of_the_wrong_type_is_named(make_task, name):
+    root = make_task(manifest=base_manifest(metric={"name": name, "direction": "lower"}))
+    with pytest.raises(task_lib.ManifestError, match="'metric.name'"):
+        task_lib.load_task(root)
+
+
+def test_deeply_nested_manifest_is_a_manifest_error(make_task):
+    root = make_task()
+    with open(os.path.join(root, "manifest.json"), "w") as f:
+        f.write('{"id": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(task_lib.ManifestError, match="nested too deeply"):
+        task_lib.load_task(root)
+    with open(os.path.join(root, "manifest.json"), "w") as f:
+        f.write('{"format_version": ' + "9" * 5000 + "}")
+    with pytest.raises(task_lib.ManifestError, match="not valid JSON"):
         task_lib.load_task(root)

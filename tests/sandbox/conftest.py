@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -92,6 +93,7 @@ def docker_available(docker_image):
 def local_executor(**kwargs) -> LocalExecutor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", WeakIsolationWarning)
+        kwargs.setdefault("python", sys.executable)  # what the trainer builds
         return LocalExecutor(limits=kwargs.pop("limits", TEST_LIMITS), **kwargs)
 
 

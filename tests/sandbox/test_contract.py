@@ -18,8 +18,9 @@ from wmrl_jax.sandbox import (
     WeakIsolationWarning,
     make_executor,
 )
+from wmrl_jax.sandbox.files import read_output
 from wmrl_jax.sandbox.image import default_image, image_version
-from wmrl_jax.sandbox.result import TailBuffer, check_files, read_output_dir
+from wmrl_jax.sandbox.result import TailBuffer, check_files
 
 
 def test_statuses_are_the_six_strings():
@@ -49,11 +50,17 @@ def test_check_files_rejects_paths_outside_the_work_dir():
             check_files({bad: b""})
 
 
-def test_read_output_dir_caps_and_skips_links(tmp_path):
-    (tmp_path / "a.txt").write_bytes(b"12345")
-    (tmp_path / "big.bin").write_bytes(b"x" * 100)
-    (tmp_path / "link").symlink_to("/etc/passwd")
-    files, dropped = read_output_dir(str(tmp_path), max_bytes=50)
+def test_read_output_caps_and_skips_links(tmp_path):
+    out = tmp_path / "output"
+    out.mkdir()
+    (out / "a.txt").write_bytes(b"12345")
+    (out / "big.bin").write_bytes(b"x" * 100)
+    (out / "link").symlink_to("/etc/passwd")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        files, dropped = read_output(fd, "output", max_bytes=50)
+    finally:
+        os.close(fd)
     assert files == {"a.txt": b"12345"}
     assert sorted(d.split()[0] for d in dropped) == ["big.bin", "link"]
 

@@ -50,6 +50,7 @@ from typing import Any
 
 from wmrl_jax.envs import metrics
 from wmrl_jax.envs import task as task_lib
+from wmrl_jax.sandbox.files import InputError, input_files
 
 ANSWERS_FILE = "test_answer.csv"
 DESCRIPTION_FILE = "description.txt"
@@ -223,28 +224,6 @@ def upstream_direction(name: str) -> str | None:
     return metrics.HIGHER if cls().higher_is_better else metrics.LOWER
 
 
-def _realpaths_under(directory: str) -> set[str]:
-    found = {os.path.realpath(directory)}
-    if os.path.isdir(directory):
-        for entry in os.scandir(directory):
-            found.add(os.path.realpath(entry.path))
-            if entry.is_dir(follow_symlinks=False):
-                found |= _realpaths_under(entry.path)
-    return found
-
-
-def _forbidden(task: task_lib.Task) -> set[str]:
-    # The view's private/ and every upstream file or directory it links to,
-    # plus those files' directories (the upstream private/ itself).
-    private = os.path.join(task._root, "private")
-    paths = _realpaths_under(private)
-    return paths | {os.path.dirname(p) for p in paths if os.path.isfile(p)}
-
-
-def _overlaps(a: str, b: str) -> bool:
-    return a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep)
-
-
 def check_mount(task: task_lib.Task, path: str | os.PathLike[str]) -> str:
     """Returns the real path of `path` if it may be mounted for `task`, else raises.
 
@@ -256,13 +235,13 @@ def check_mount(task: task_lib.Task, path: str | os.PathLike[str]) -> str:
         PrivateMountError: the mount would expose private files.
     """
     real = os.path.realpath(os.fspath(path))
-    forbidden = _forbidden(task)
+    forbidden = task_lib.private_paths(task)
     entries = [real]
     if os.path.isdir(real):
         entries += [os.path.realpath(e.path) for e in os.scandir(real) if e.is_symlink()]
     for entry in entries:
         for secret in forbidden:
-            if _overlaps(entry, secret):
+            if task_lib.overlaps(entry, secret):
                 raise PrivateMountError(
                     f"refusing to mount {os.fspath(path)!r} into the sandbox for task "
                     f"{task.id!r}: it exposes grader-side files ({secret!r}); "
@@ -314,14 +293,19 @@ def write_view(
 
     Raises:
         PrivateMountError: the public dir overlaps a grader-side file.
-        ManifestError: the manifest is invalid.
+        ManifestError: the manifest is invalid, or the public dir holds a link
+            leaving it or a special file (nothing is written then).
     """
     root = os.path.abspath(os.fspath(out_dir))
     task_lib.parse_manifest(manifest, root)  # Validate before writing anything.
     public_real = os.path.realpath(public_dir)
+    try:  # links leaving the public dir or special files: refused by load_task too
+        input_files(public_real)
+    except InputError as e:
+        raise task_lib.ManifestError(f"public dir {public_dir!r}: {e}") from e
     for secret in (answers, *boards.values()):
         secret_real = os.path.realpath(secret)
-        if _overlaps(public_real, os.path.dirname(secret_real)) or _overlaps(
+        if task_lib.overlaps(public_real, os.path.dirname(secret_real)) or task_lib.overlaps(
             public_real, secret_real
         ):
             raise PrivateMountError(

@@ -26,6 +26,12 @@ Layout::
 The boundary: sandbox-facing code gets `Task.public_dir`, `Task.description`
 and `Task.data_report` only. `Task` exposes no private path; the grader finds
 answers and leaderboards through `grading`, which runs outside the sandbox.
+`load_task` checks the boundary on disk: `public/` (which may itself be a
+link, as in the MLE-Dojo / MLE-bench views) and the agent-facing files must
+not be, contain or lie inside grader-side files (`private/`, what its entries
+link to, and those files' directories); inside `public/` a link must resolve
+to a regular file inside it (`sandbox.files.input_files`); and no public file
+may be a hard link of a private one.
 
 Example:
     >>> task = load_task("suite/iris")          # doctest: +SKIP
@@ -36,11 +42,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from wmrl_jax.envs import metrics
+from wmrl_jax.sandbox.files import InputError, input_files
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -132,6 +140,15 @@ def _require(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...]
     return value
 
 
+def _positive_finite(value) -> bool:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) and value > 0
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def _parse_metric(raw: Mapping[str, Any]) -> MetricSpec:
     direction = _require(raw, "direction", str, "metric")
     if direction not in metrics.DIRECTIONS:
@@ -142,7 +159,7 @@ def _parse_metric(raw: Mapping[str, Any]) -> MetricSpec:
     if (name is None) == (grader is None):
         raise ManifestError("manifest field 'metric' needs exactly one of 'name' or 'grader'")
     if name is not None:
-        if name not in metrics.METRICS:
+        if not isinstance(name, str) or name not in metrics.METRICS:
             raise ManifestError(
                 f"manifest field 'metric.name' is {name!r}, not one of {sorted(metrics.METRICS)}"
             )
@@ -188,8 +205,10 @@ def parse_manifest(raw: Mapping[str, Any], root: str) -> Task:
         )
     limits = _require(raw, "limits", dict, "")
     for key, value in limits.items():
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise ManifestError(f"manifest field 'limits.{key}' must be a positive number")
+        if not _positive_finite(value):
+            raise ManifestError(
+                f"manifest field 'limits.{key}' must be a positive finite number, got {value!r}"
+            )
     boards = _require(raw, "leaderboards", list, "")
     if not boards or not all(isinstance(b, str) and b.isidentifier() for b in boards):
         raise ManifestError("manifest field 'leaderboards' must list board names")
@@ -220,11 +239,82 @@ def load_task(path: str | os.PathLike[str]) -> Task:
     try:
         with open(manifest, encoding="utf-8") as f:
             raw = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, or a 5000-digit integer
         raise ManifestError(f"{MANIFEST_NAME} is not valid JSON: {e}") from e
+    except RecursionError as e:
+        raise ManifestError(f"{MANIFEST_NAME} is nested too deeply to be a manifest") from e
     task = parse_manifest(raw, root)
     if not os.path.isfile(os.path.join(root, "description.md")):
         raise ManifestError(f"task {task.id!r} has no description.md")
     if not os.path.isdir(task.public_dir):
         raise ManifestError(f"task {task.id!r} has no public/ directory")
+    check_boundary(task)
     return task
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether real paths `a` and `b` are equal or one lies inside the other."""
+    return (
+        a == b or a.startswith(b.rstrip(os.sep) + os.sep) or b.startswith(a.rstrip(os.sep) + os.sep)
+    )
+
+
+def private_paths(task: Task, *, directories: bool = True) -> set[str]:
+    """Grader-side real paths: `private/`, what its entries are or link to and, when
+    `directories`, the directories of those files (an upstream `private/`)."""
+    private = os.path.join(task._root, "private")
+    found, stack = {os.path.realpath(private)}, [private]
+    while stack:
+        directory = stack.pop()
+        if not os.path.isdir(directory):
+            continue
+        for entry in os.scandir(directory):
+            real = os.path.realpath(entry.path)
+            found.add(real)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif directories and os.path.isfile(real):
+                found.add(os.path.dirname(real))
+    return found
+
+
+def check_boundary(task: Task) -> None:
+    """Raises `ManifestError` unless `task`'s public side cannot reach its private side.
+
+    See the module docstring for the rules.
+    """
+    secrets = private_paths(task)
+    # A file is checked against the private files and dirs only: MLE-bench keeps
+    # the description next to the (grader-side) leaderboard.
+    agent_facing = {"public/": (task.public_dir, secrets)}
+    files_only = private_paths(task, directories=False)
+    for name in ("description.md", "data_report.md"):
+        if os.path.lexists(path := os.path.join(task._root, name)):
+            agent_facing[name] = (path, files_only)
+    for name, (path, forbidden) in agent_facing.items():
+        real = os.path.realpath(path)
+        for secret in forbidden:
+            if overlaps(real, secret):
+                raise ManifestError(
+                    f"task {task.id!r}: {name} ({real!r}) exposes grader-side {secret!r}"
+                )
+    try:
+        entries = input_files(task.public_dir)
+    except InputError as e:
+        raise ManifestError(f"task {task.id!r}: public/: {e}") from e
+    except OSError as e:
+        raise ManifestError(f"task {task.id!r}: cannot read public/: {e}") from e
+    linked = {}
+    for _, path in entries:
+        info = os.stat(path)
+        if info.st_nlink > 1:
+            linked[(info.st_dev, info.st_ino)] = path
+    if linked:  # a hard link carries no path: compare identities with the private files
+        for secret in secrets:
+            if os.path.isfile(secret):
+                info = os.stat(secret)
+                if (info.st_dev, info.st_ino) in linked:
+                    raise ManifestError(
+                        f"task {task.id!r}: public file {linked[(info.st_dev, info.st_ino)]!r} "
+                        f"is a hard link of grader-side {secret!r}"
+                    )

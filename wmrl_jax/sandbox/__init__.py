@@ -4,7 +4,9 @@
 
 `DockerExecutor` is the real backend (one locked-down container per program;
 image from `python -m wmrl_jax.sandbox.image`); `LocalExecutor` is the
-embedded fallback (subprocess + rlimits, network NOT isolated);
+embedded fallback (subprocess + rlimits + a uid of its own per program when
+root, network NOT isolated; it refuses to run programs as root unless
+`allow_root=True`);
 `make_executor()` picks Docker when an engine and the image are there.
 Nothing here imports JAX.
 """
@@ -12,6 +14,7 @@ Nothing here imports JAX.
 import logging
 
 from wmrl_jax.sandbox.docker_backend import DockerExecutor
+from wmrl_jax.sandbox.files import InputError
 from wmrl_jax.sandbox.local import LocalExecutor, WeakIsolationWarning
 from wmrl_jax.sandbox.pool import ExecutorPool, input_digest, program_digest
 from wmrl_jax.sandbox.result import (
@@ -29,6 +32,7 @@ __all__ = [
     "Executor",
     "ExecutorPool",
     "InfraError",
+    "InputError",
     "Limits",
     "LocalExecutor",
     "WeakIsolationWarning",
@@ -49,13 +53,20 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# Keywords that only the local backend takes.
+_LOCAL_ONLY = ("switch_user", "allow_root")
+_DOCKER_ONLY = ("client", "api_timeout_s")
+
+
 def make_executor(image: str | None = None, *, python: str | None = None, **kwargs) -> Executor:
     """`DockerExecutor(image, **kwargs)` when possible, else `LocalExecutor(python=python,
-    **kwargs)` (with a warning saying why)."""
+    **kwargs)` (with a warning saying why). Keywords of one backend only
+    (`switch_user`, `allow_root`; `client`, `api_timeout_s`) go to that backend."""
+    local = {k: kwargs.pop(k) for k in _LOCAL_ONLY if k in kwargs}
     try:
         return DockerExecutor(image, **kwargs)
     except InfraError as e:
         logging.getLogger(__name__).warning("falling back to LocalExecutor: %s", e)
-        kwargs.pop("client", None)
-        kwargs.pop("api_timeout_s", None)
-        return LocalExecutor(python=python, **kwargs)
+        for key in _DOCKER_ONLY:
+            kwargs.pop(key, None)
+        return LocalExecutor(python=python, **kwargs, **local)

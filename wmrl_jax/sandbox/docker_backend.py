@@ -10,8 +10,11 @@ after it exits. The host enforces the wall-clock timeout, and the container is
 always removed (force), also when the caller is interrupted.
 
 The program and its extra files are mounted read-only at /sandbox and copied
-into /work; the input dir is mounted read-only at /work/input (a readable copy
-is mounted instead when the unprivileged user could not read it). Bind mounts
+into /work; the input dir is mounted read-only at /work/input (a readable
+plain copy is mounted instead when the unprivileged user could not read it or
+it holds links; a link leaving it is refused, see `files.input_files`).
+Output files come back through `tar` run inside the container, which archives
+links and hard links as such: only regular files are returned. Bind mounts
 name paths on the engine's machine, so a remote engine (DOCKER_HOST) needs
 them on a shared filesystem. An exit code above 128 is read as a signal.
 When the wrapper around the program dies first (the program killed it, or
@@ -31,6 +34,7 @@ import threading
 import time
 import uuid
 
+from wmrl_jax.sandbox.files import InputError, copy_input, input_files
 from wmrl_jax.sandbox.result import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -83,17 +87,22 @@ def _world_readable(root: str) -> bool:
 
 
 def _readable_input(input_dir, staging: str) -> str | None:
-    """`input_dir` itself when world-readable (mounted as is), else a readable copy."""
+    """`input_dir`'s real path when it can be mounted as is, else a readable plain copy.
+
+    Mounted as is only when world-readable and free of links (a link would be
+    resolved inside the container, where its host target does not exist).
+
+    Raises:
+        InputError: `input_dir` holds a link leaving it (see `files.input_files`).
+    """
     if input_dir is None:
         return None
-    if _world_readable(input_dir):
-        return os.path.abspath(input_dir)
+    real = os.path.realpath(input_dir)
+    entries = input_files(real)
+    if all(path == os.path.join(real, rel) for rel, path in entries) and _world_readable(real):
+        return real
     target = os.path.join(staging, "input")
-    shutil.copytree(input_dir, target, symlinks=False)
-    for dirpath, _, filenames in os.walk(target):
-        os.chmod(dirpath, 0o755)
-        for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o644)
+    copy_input(real, target, file_mode=0o644, dir_mode=0o755)
     return target
 
 
@@ -263,7 +272,13 @@ class DockerExecutor(BaseExecutor):
         )
 
     def run(self, source, *, input_dir=None, timeout_s=None, files=None) -> ExecutionResult:
-        """Runs `source` in a fresh container; see `Executor.run`."""
+        """Runs `source` in a fresh container; see `Executor.run`.
+
+        Raises:
+            ValueError: bad `files`, or `input_dir` is not a directory.
+            InputError: `input_dir` holds a link that leaves it, or a special
+                file (see `files.input_files`).
+        """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         extra = check_files(files)
         check_input_dir(input_dir)
@@ -282,6 +297,8 @@ class DockerExecutor(BaseExecutor):
                 self._live.add(container.id)
             container.start()
             return self._execute(container, start + timeout, start)
+        except InputError:  # the caller's input, refused before anything ran
+            raise
         except Exception as e:  # the program's failures are results; these are the engine's
             return infra_error(
                 f"Docker engine failed during the run ({type(e).__name__}: {e}); {ENGINE_HINT}",

@@ -5,15 +5,23 @@ the network is NOT isolated, the work dir has no size cap (only single files
 are capped), and the program sees the host's filesystem with the permissions
 of the user it runs as.
 
-When the parent runs as root, each program runs under a user id of its own
-(61000 + a free slot, no login, no supplementary groups): RLIMIT_NPROC then
-bounds exactly that program's processes (it does not apply to root), the
-program cannot read root-only files such as /etc/shadow, and everything that
-uid still runs after the main program exits (daemonised children included) is
-killed, and its files in /tmp, /var/tmp and /dev/shm removed. Without root the
-program runs as the caller: its process group is killed, but a descendant that
-calls setsid() can escape, and RLIMIT_NPROC counts all of the caller's
-processes.
+As root (the only way it runs untrusted programs, unless the caller passes
+`allow_root=True`), each program runs under a user id of its own (61000 + a
+free slot, no login, no supplementary groups): RLIMIT_NPROC then bounds
+exactly that program's processes, the program cannot read root-only files
+(/etc/shadow, other processes' /proc/<pid>/environ, a task's private answers
+in a root-only directory) nor write to root-owned directories, and everything
+that uid still runs after the main program exits (daemonised children
+included) is killed, and its files in /tmp, /var/tmp and /dev/shm removed.
+An interpreter that such a uid cannot reach (one under a private home
+directory, or a virtual environment linking there) is staged first
+(`interpreter.stage_interpreter`). Without root the program runs as the
+caller: its process group is killed, but a descendant that calls setsid()
+can escape, and RLIMIT_NPROC counts all of the caller's processes.
+
+Inputs are copied in as plain files (`files.copy_input`: a link leaving the
+input dir is refused) and outputs are read through a directory descriptor of
+the work dir without following any link (`files.read_output`).
 """
 
 import contextlib
@@ -22,7 +30,6 @@ import logging
 import math
 import os
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
@@ -31,6 +38,8 @@ import tempfile
 import time
 import warnings
 
+from wmrl_jax.sandbox.files import copy_input, read_output, remove_tree
+from wmrl_jax.sandbox.interpreter import Interpreter, reachable, stage_interpreter
 from wmrl_jax.sandbox.result import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -42,7 +51,6 @@ from wmrl_jax.sandbox.result import (
     check_files,
     check_input_dir,
     infra_error,
-    read_output_dir,
 )
 
 log = logging.getLogger(__name__)
@@ -70,13 +78,7 @@ class WeakIsolationWarning(UserWarning):
 
 def _world_executable(path: str) -> bool:
     """Whether a user with no privileges can execute `path` (every directory searchable)."""
-    real = os.path.realpath(path)
-    for candidate in (os.path.abspath(path), real):
-        parts = candidate.split(os.sep)
-        for i in range(2, len(parts)):
-            if not os.stat(os.sep.join(parts[:i])).st_mode & stat.S_IXOTH:
-                return False
-    return bool(os.stat(real).st_mode & stat.S_IXOTH)
+    return reachable(path) and bool(os.stat(path).st_mode & stat.S_IXOTH)
 
 
 def _uid_processes(uid: int) -> list[int]:
@@ -96,7 +98,7 @@ def _uid_processes(uid: int) -> list[int]:
     return pids
 
 
-def _kill_uid(uid: int, python: str) -> bool:
+def _kill_uid(uid: int, interpreter: Interpreter) -> bool:
     """SIGKILLs every process of `uid`; True when none is left."""
     for _ in range(50):
         if not _uid_processes(uid):
@@ -104,10 +106,18 @@ def _kill_uid(uid: int, python: str) -> bool:
         # kill(-1) as `uid` reaches exactly that uid's processes, atomically. A
         # fresh interpreter rather than os.fork(): this process may have threads.
         subprocess.run(
-            [python, "-I", "-S", "-c", "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass"],
+            [
+                interpreter.executable,
+                "-I",
+                "-S",
+                "-c",
+                "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
+            ],
             user=uid,
             group=uid,
             extra_groups=[],
+            env={"PATH": "/usr/bin:/bin", **interpreter.env},
+            cwd="/",
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -122,27 +132,12 @@ def _remove_uid_files(uid: int) -> None:
         with contextlib.suppress(OSError):
             for entry in os.scandir(shared):
                 with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid != uid:
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                    else:
-                        os.unlink(entry.path)
-
-
-def _force_rmtree(root: str) -> None:
-    """rmtree that first restores write access (read-only inputs, a program's chmod)."""
-    for dirpath, dirnames, _ in os.walk(root):
-        for name in dirnames:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):  # never change the mode of a link's target
-                with contextlib.suppress(OSError):
-                    os.chmod(path, 0o700)
-    shutil.rmtree(root, ignore_errors=True)
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        remove_tree(entry.path)
 
 
 @contextlib.contextmanager
-def _uid_slot(python: str):
+def _uid_slot(interpreter: Interpreter):
     """A user id no other run (in any process) uses at the same time."""
     lock_dir = _UID_LOCK_DIR
     os.makedirs(lock_dir, mode=0o700, exist_ok=True)
@@ -156,7 +151,7 @@ def _uid_slot(python: str):
             os.close(fd)
             continue
         try:
-            _kill_uid(uid, python)  # a previous owner that crashed may have left processes
+            _kill_uid(uid, interpreter)  # a previous owner that crashed may have left processes
             yield uid
         finally:
             os.close(fd)
@@ -179,16 +174,23 @@ class LocalExecutor(BaseExecutor):
         '2\\n'
 
     Args:
-        python: interpreter for the programs; default the running one, or the
-            system python3 when programs run under their own uid and cannot
-            reach the running one.
+        python: interpreter for the programs; default the running one. As root,
+            one that an unprivileged uid cannot reach is staged first (see
+            `interpreter.stage_interpreter`); `environment` still names `python`.
         limits: resource limits (`Limits`); `cpus` is not enforced locally.
         timeout_s: default wall-clock timeout.
         max_workers: threads behind `submit`.
         switch_user: run each program under its own unprivileged uid (only
-            possible as root). Default: when root and the interpreter is
-            reachable by such a uid; an explicit `python` that is not reachable
-            then runs as the current user, with a warning.
+            possible as root). Default: whenever root.
+        allow_root: accept running programs as root (`switch_user=False` as
+            root). Without it that is refused: a program running as root can
+            read the caller's secrets, leave daemons behind and ignore the
+            process cap.
+
+    Raises:
+        ValueError: `switch_user=True` without root, or root with
+            `switch_user=False` and not `allow_root`.
+        InfraError: the interpreter cannot be made to run as an unprivileged uid.
     """
 
     def __init__(
@@ -199,34 +201,25 @@ class LocalExecutor(BaseExecutor):
         timeout_s: float = 60.0,
         max_workers: int | None = None,
         switch_user: bool | None = None,
+        allow_root: bool = False,
     ):
         super().__init__(max_workers=max_workers)
         self.limits = limits or Limits()
         self.timeout_s = timeout_s
-        self.switch_user = os.geteuid() == 0 if switch_user is None else switch_user
-        if self.switch_user and os.geteuid() != 0:
+        root = os.geteuid() == 0
+        self.switch_user = root if switch_user is None else switch_user
+        if self.switch_user and not root:
             raise ValueError("switch_user=True needs root")
-        if python is not None and switch_user is None and self.switch_user:
-            if not _world_executable(python):
-                self.switch_user = False
-                log.warning(
-                    "%s is not reachable by an unprivileged uid, so programs run as the "
-                    "current user (root): rlimits and a private directory only",
-                    python,
-                )
-        if python is None:
-            python = sys.executable
-            if self.switch_user and not _world_executable(python):
-                python = "/usr/bin/python3"
-                log.warning(
-                    "programs run as an unprivileged uid that cannot execute %s; using %s "
-                    "(pass python= an interpreter readable by all users, with the packages "
-                    "your programs need)",
-                    sys.executable,
-                    python,
-                )
-        self.python = python
-        self.environment = f"local:{python}"
+        if root and not self.switch_user and not allow_root:
+            raise ValueError(
+                "LocalExecutor refuses to run untrusted programs as root; leave switch_user "
+                "unset (each program then runs as a uid of its own) or pass allow_root=True"
+            )
+        self.python = python or sys.executable
+        self.interpreter = (
+            stage_interpreter(self.python) if self.switch_user else Interpreter(self.python, {})
+        )
+        self.environment = f"local:{self.python}"
         message = (
             "LocalExecutor does not isolate the network and does not cap the work dir's "
             "size; run untrusted programs with DockerExecutor."
@@ -235,23 +228,32 @@ class LocalExecutor(BaseExecutor):
         warnings.warn(message, WeakIsolationWarning, stacklevel=2)
 
     def run(self, source, *, input_dir=None, timeout_s=None, files=None) -> ExecutionResult:
-        """Runs `source` to completion or timeout; see `Executor.run`."""
+        """Runs `source` to completion or timeout; see `Executor.run`.
+
+        Raises:
+            ValueError: bad `files`, or `input_dir` is not a directory.
+            InputError: `input_dir` holds a link that leaves it, or a special
+                file (see `files.input_files`).
+        """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         extra = check_files(files)
         check_input_dir(input_dir)
         start = time.monotonic()
         try:
             with contextlib.ExitStack() as stack:
-                uid = stack.enter_context(_uid_slot(self.python)) if self.switch_user else None
+                uid = stack.enter_context(_uid_slot(self.interpreter)) if self.switch_user else None
                 # The work dir belongs to the program's uid; its parent does not, so
                 # that removing that uid's files in /tmp afterwards spares it.
                 outer = tempfile.mkdtemp(prefix="wmrl-local-")
-                stack.callback(_force_rmtree, outer)
+                stack.callback(remove_tree, outer)
                 os.chmod(outer, 0o711)
                 work = os.path.join(outer, "work")
                 os.mkdir(work)
+                # Outputs are read through this descriptor, whatever the program renames.
+                work_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                stack.callback(os.close, work_fd)
                 self._prepare(work, source, extra, input_dir, uid)
-                return self._execute(work, timeout, uid, start)
+                return self._execute(work, work_fd, timeout, uid, start)
         except OSError as e:
             return infra_error(
                 f"local sandbox failed: {e!r}", wall_seconds=time.monotonic() - start
@@ -264,12 +266,7 @@ class LocalExecutor(BaseExecutor):
             os.mkdir(os.path.join(work, name))
             owner(os.path.join(work, name))
         if input_dir is not None:
-            target = os.path.join(work, INPUT_NAME)
-            shutil.copytree(input_dir, target, symlinks=False)
-            for dirpath, _, filenames in os.walk(target):
-                for name in filenames:
-                    os.chmod(os.path.join(dirpath, name), 0o444)
-                os.chmod(dirpath, 0o555)
+            copy_input(input_dir, os.path.join(work, INPUT_NAME), file_mode=0o444, dir_mode=0o555)
         for name, content in {PROGRAM_NAME: source.encode(), **extra}.items():
             path = os.path.join(work, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -293,7 +290,7 @@ class LocalExecutor(BaseExecutor):
             "RLIMIT_NOFILE": 1024,
         }
 
-    def _execute(self, work, timeout, uid, start) -> ExecutionResult:
+    def _execute(self, work, work_fd, timeout, uid, start) -> ExecutionResult:
         rl = self._rlimits(timeout, uid)
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -303,10 +300,12 @@ class LocalExecutor(BaseExecutor):
             "PYTHONDONTWRITEBYTECODE": "1",
             "WMRL_INPUT_DIR": os.path.join(work, INPUT_NAME),
             "WMRL_OUTPUT_DIR": os.path.join(work, OUTPUT_NAME),
+            **self.interpreter.env,
         }
         user = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
-        argv = [self.python, "-I", "-S", "-c", _LAUNCHER, ",".join(rl)]
-        argv += [",".join(str(v) for v in rl.values()), self.python, PROGRAM_NAME]
+        python = self.interpreter.executable
+        argv = [python, "-I", "-S", "-c", _LAUNCHER, ",".join(rl)]
+        argv += [",".join(str(v) for v in rl.values()), python, PROGRAM_NAME]
         proc = subprocess.Popen(
             argv,
             cwd=work,
@@ -330,7 +329,7 @@ class LocalExecutor(BaseExecutor):
                 os.close(pidfd)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # main is unreaped: the group still exists
-            leftovers = uid is not None and not _kill_uid(uid, self.python)
+            leftovers = uid is not None and not _kill_uid(uid, self.interpreter)
             _, wait_status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(wait_status)
             self._pump(sel, deadline=time.monotonic() + DRAIN_GRACE_S, until_exit=False)
@@ -338,7 +337,7 @@ class LocalExecutor(BaseExecutor):
         proc.stderr.close()
         if uid is not None:
             _remove_uid_files(uid)
-        files, dropped = read_output_dir(os.path.join(work, OUTPUT_NAME), self.limits.output_bytes)
+        files, dropped = read_output(work_fd, OUTPUT_NAME, self.limits.output_bytes, owner=uid)
         notes = [f"output files left out: {', '.join(dropped)}"] if dropped else []
         if leftovers:
             notes.append(f"processes of uid {uid} survived SIGKILL")

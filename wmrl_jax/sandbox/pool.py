@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
+from wmrl_jax.sandbox.files import input_files
 from wmrl_jax.sandbox.result import ExecutionResult, Executor, check_files, infra_error
 
 log = logging.getLogger(__name__)
@@ -31,19 +32,20 @@ def program_digest(
 
 
 def input_digest(input_dir: str | os.PathLike | None) -> str:
-    """sha256 over the relative paths and contents of every file under `input_dir`."""
+    """sha256 over the relative paths and contents of every file under `input_dir`.
+
+    Raises:
+        InputError: as `files.input_files` (a link leaving the dir, a special file).
+    """
     if input_dir is None:
         return "none"
     h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(input_dir):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = os.path.join(dirpath, name)
-            h.update(os.path.relpath(path, input_dir).encode() + b"\0")
-            with open(path, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(block)
-            h.update(b"\0")
+    for rel, path in input_files(input_dir):
+        h.update(rel.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
     return h.hexdigest()
 
 

@@ -10,7 +10,6 @@ no image) raises `InfraError` at construction.
 import concurrent.futures
 import dataclasses
 import os
-import stat
 from collections.abc import Mapping
 from typing import Literal, Protocol, runtime_checkable
 
@@ -169,39 +168,6 @@ def check_input_dir(input_dir: str | os.PathLike | None) -> None:
     """A caller's mistake, raised as such: it is neither the program's nor the sandbox's."""
     if input_dir is not None and not os.path.isdir(input_dir):
         raise ValueError(f"input_dir is not a directory: {input_dir}")
-
-
-def read_output_dir(root: str, max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
-    """Regular files under `root` (never following links), up to `max_bytes` in all.
-
-    Returns:
-        (files, dropped): relative path -> content, and what was left out and why.
-    """
-    files, dropped, budget = {}, [], max_bytes
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in sorted(filenames):
-            path = os.path.join(dirpath, name)
-            rel = os.path.relpath(path, root)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
-                dropped.append(f"{rel} (link or unreadable)")
-                continue
-            with os.fdopen(fd, "rb") as f:
-                info = os.fstat(f.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    dropped.append(f"{rel} (not a regular file)")
-                elif info.st_size > budget:
-                    dropped.append(f"{rel} (over the {max_bytes} byte output cap)")
-                else:
-                    data = f.read(budget + 1)[:budget]
-                    budget -= len(data)
-                    files[rel] = data
-        for name in sorted(dirnames):
-            if os.path.islink(os.path.join(dirpath, name)):  # os.walk lists them, never enters
-                dropped.append(f"{os.path.relpath(os.path.join(dirpath, name), root)} (link)")
-        dirnames.sort()
-    return files, dropped
 
 
 class BaseExecutor:
