@@ -1,0 +1,122 @@
+"""The study's analysis and report by hand, and the study command end to end (runlocal)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from wmrl_jax.embodied import report, study
+
+
+def _run(successes, steps=(0, 100, 200, 300)):
+    curve = [
+        {"sim_steps": s, "success": v, "return": 0.0} for s, v in zip(steps, successes, strict=True)
+    ]
+    ledger = {
+        k: 1.0
+        for k in (
+            "sim_steps",
+            "full_episodes",
+            "prefix_episodes",
+            "sim_seconds",
+            "policy_seconds",
+            "wm_seconds",
+            "train_seconds",
+        )
+    }
+    return {"curve": curve, "ledger": ledger, "updates": 3, "wm_rank_corr": float("nan")}
+
+
+def test_crossing():
+    x = np.array([0.0, 100.0, 200.0])
+    assert study.crossing(x, np.array([0.0, 0.5, 1.0]), 0.25) == 50.0
+    assert study.crossing(x, np.array([0.3, 0.5, 1.0]), 0.25) == 0.0
+    assert math.isinf(study.crossing(x, np.array([0.0, 0.1, 0.2]), 0.25))
+    with pytest.raises(ValueError):
+        study.crossing(x, np.ones(2), 0.5)
+
+
+def test_analyse_by_hand():
+    results = {
+        "reacher": {
+            "config": {},
+            "arms": {
+                # real ends at 0.6 (mean of 0.5, 0.7) and crosses 0.6 at step 300.
+                "real": [_run([0.0, 0.2, 0.4, 0.5]), _run([0.0, 0.2, 0.4, 0.7])],
+                # wmrl's mean crosses 0.6 halfway between 100 (0.4) and 200 (0.8): 150.
+                "wmrl": [_run([0.0, 0.4, 0.8, 0.8]), _run([0.0, 0.4, 0.8, 0.8])],
+                "wm_naive": [_run([0.0, 0.1, 0.0, 0.0]), _run([0.0, 0.0, 0.1, 0.0])],
+            },
+        }
+    }
+    a = study.analyse(results, bootstrap=200)["reacher"]
+    assert a["real"]["target"] == pytest.approx(0.6)
+    assert a["real"]["steps_to_target"] == pytest.approx(300.0)
+    assert a["wmrl"]["steps_to_target"] == pytest.approx(150.0)
+    assert a["wmrl"]["ratio"] == pytest.approx(2.0)
+    assert a["wmrl"]["ratio_lo"] <= 2.0 <= a["wmrl"]["ratio_hi"]
+    assert a["wm_naive"]["ratio"] is None and a["wm_naive"]["seeds_reaching"] == 0
+    assert a["real"]["final_se"] == pytest.approx(0.1)  # std(0.5, 0.7) / sqrt(2)
+    text = report.headline(study.analyse(results, bootstrap=10))
+    assert "2.00×" in text and "falls short of" in text
+    assert "| reacher | wm_naive |" in report.table(a and study.analyse(results, bootstrap=10))
+
+
+def test_flat_real_is_not_measurable():
+    results = {
+        "pusher": {"config": {}, "arms": {"real": [_run([0.0] * 4)], "wmrl": [_run([0.0] * 4)]}}
+    }
+    a = study.analyse(results, bootstrap=10)
+    assert not a["pusher"]["wmrl"]["measurable"] and a["pusher"]["wmrl"]["ratio"] is None
+    assert "not measurable" in report.headline(a)
+
+
+def test_replace_section():
+    text = "head\n<!-- embodied:begin -->\nold\n<!-- embodied:end -->\ntail\n"
+    assert report.replace_section(text, "new") == (
+        "head\n<!-- embodied:begin -->\nnew\n<!-- embodied:end -->\ntail\n"
+    )
+    with pytest.raises(ValueError, match="no <!-- embodied:begin -->"):
+        report.replace_section("no markers", "new")
+
+
+def test_study_command_end_to_end(tmp_path, monkeypatch):
+    pytest.importorskip("gymnasium")
+    from experiments import study_embodied
+    from experiments.configs import embodied
+
+    config = embodied.get_config("runlocal")
+    monkeypatch.chdir(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n<!-- embodied:begin -->\nold\n<!-- embodied:end -->\n")
+    analysis = study_embodied.run_and_report(config, str(tmp_path / "out"), str(readme))
+    text = readme.read_text()
+    assert "old" not in text and "| reacher | wmrl |" in text and "docs/embodied.png" in text
+    assert (tmp_path / "docs" / "embodied.png").stat().st_size > 1000
+    payload = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = payload["results"]["reacher"]["arms"]
+    budget, h, k = config.tasks.reacher.budget, 50, config.tasks.reacher.prefix_len
+    g = config.tasks.reacher.group_size
+    for arm in config.arms:
+        (run,) = runs[arm]
+        ledger = run["ledger"]
+        assert ledger["sim_steps"] >= budget
+        assert [p["sim_steps"] for p in run["curve"]] == [0, budget]
+        # Every charged step is accounted for by the episodes the arm ran.
+        expected = (
+            ledger["full_episodes"] * h
+            + ledger["prefix_episodes"] * k
+            + ledger["replicate_steps"]
+            + ledger["warm_start_steps"]
+        )
+        assert ledger["sim_steps"] == expected, arm
+    assert runs["real"][0]["ledger"]["prefix_episodes"] == 0
+    assert (
+        runs["anchors_only"][0]["ledger"]["full_episodes"] == g * runs["anchors_only"][0]["updates"]
+    )
+    assert runs["wm_naive"][0]["ledger"]["full_episodes"] == 0
+    assert runs["wmrl"][0]["ledger"]["replicate_steps"] > 0
+    assert set(analysis["reacher"]) == set(config.arms)
+    with pytest.raises(ValueError, match="unknown config variant"):
+        embodied.get_config("huge")
