@@ -1,6 +1,7 @@
 """Tests for grading: metrics, error kinds, percentile rules on hand-made boards, rewards."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -211,3 +212,106 @@ def test_grade_rejects_oversized_file_unread(make_task, tmp_path):
     result = grading.grade(task, path, max_bytes=8)
     assert result.error_kind == "invalid_format" and "over 8" in result.message
     assert grading.grade(task, path).valid
+
+
+# ---- bounded memory and a broken task side ---------------------------------------------
+
+
+def _peak_bytes(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _rows_file(path, n_bytes, first_id=0):
+    """About `n_bytes` of well-formed rows `id,0.5` (ids from `first_id`)."""
+    with open(path, "w") as f:
+        f.write("id,target\n")
+        i, written = first_id, 0
+        while written < n_bytes:
+            line = f"{i},0.5\n"
+            f.write(line)
+            written += len(line)
+            i += 1
+    return str(path)
+
+
+def test_oversized_submission_is_rejected_unread(make_task, tmp_path):
+    """The cap comes from the task: 3 answers allow about 1 MiB, not 16 MiB."""
+    task = task_lib.load_task(make_task())
+    path = _rows_file(tmp_path / "big.csv", 16 << 20)
+    result, peak = _peak_bytes(lambda: grading.grade(task, path))
+    assert result.error_kind == "invalid_format" and "over" in result.message
+    assert peak < 1 << 20, peak
+    sparse = tmp_path / "sparse.csv"
+    with open(sparse, "wb") as f:
+        f.truncate(200 << 20)
+    assert grading.grade(task, str(sparse)).error_kind == "invalid_format"
+
+
+def test_submission_under_the_cap_is_parsed_in_bounded_memory(make_task, tmp_path):
+    """A task allowing 64 MiB: 16 MiB of rows stop at the first row past the 3 test ids."""
+    manifest = base_manifest(limits={"wall_seconds": 60, "submission_mb": 64})
+    task = task_lib.load_task(make_task(manifest=manifest))
+    path = _rows_file(tmp_path / "big.csv", 16 << 20)
+    result, peak = _peak_bytes(lambda: grading.grade(task, path))
+    assert result.error_kind == "invalid_format" and "more than 3 rows" in result.message
+    assert peak < 1 << 20, peak
+
+
+def test_derived_cap_admits_a_large_valid_submission(make_task, tmp_path):
+    n = 20_000
+    rng = np.random.default_rng(0)
+    truth = rng.normal(size=n)
+    task = task_lib.load_task(make_task(answers=list(enumerate(truth))))
+    pred = truth + rng.normal(scale=0.1, size=n)
+    rows = [(i, repr(float(p))) for i, p in enumerate(pred)]
+    path = _submit(tmp_path, ["id", "target"], rows[::-1])
+    result = grading.grade(task, path)
+    assert result.valid, result
+    np.testing.assert_allclose(result.score, np.sqrt(np.mean((pred - truth) ** 2)), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("no-answers", "answers.csv"),
+        ("answers-without-column", "lack the id"),
+        ("non-numeric-answer", "non-numeric answer"),
+        ("empty-board", "no finite scores"),
+        ("board-without-score", "no 'score' column"),
+        ("board-with-text", "not a number"),
+        ("no-board", "private.csv"),
+    ],
+)
+def test_broken_task_side_is_one_clear_error(make_task, tmp_path, breakage, message):
+    root = make_task()
+    private = os.path.join(root, "private")
+    board = os.path.join(private, "leaderboards", "private.csv")
+    answers = os.path.join(private, "answers.csv")
+    if breakage == "no-answers":
+        os.remove(answers)
+    elif breakage == "answers-without-column":
+        write_csv(answers, ["id", "y"], [(0, 1.0)])
+    elif breakage == "non-numeric-answer":
+        write_csv(answers, ["id", "target"], [(0, "cat")])
+    elif breakage == "empty-board":
+        write_csv(board, ["entry", "score"], [])
+    elif breakage == "board-without-score":
+        write_csv(board, ["entry", "points"], [("a", 1.0)])
+    elif breakage == "board-with-text":
+        write_csv(board, ["entry", "score"], [("a", "high")])
+    elif breakage == "no-board":
+        os.remove(board)
+    task = task_lib.load_task(root)
+    good = _submit(tmp_path, ["id", "target"], [(0, 1.0), (1, 2.0), (2, 3.0)])
+    with pytest.raises(grading.TaskError, match=message):
+        grading.check_task(task)
+    with pytest.raises(grading.TaskError, match=message) as info:
+        grading.grade(task, good)
+    assert "\n" not in str(info.value)

@@ -1,7 +1,16 @@
 """Grading outside the sandbox: submission -> score -> leaderboard percentile -> reward.
 
-Only this module reads a task's `private/` directory. Failures are results,
-never exceptions: `grade` returns an invalid `GradeResult` with an error kind.
+Only this module reads a task's `private/` directory. A submission's failures
+are results, never exceptions: `grade` returns an invalid `GradeResult` with
+an error kind. A broken task side (no answers file, an empty board, a board
+without a `score` column) is not the program's fault: it raises `TaskError`
+with one line naming the file (`check_task` finds it before any grading).
+
+Memory: a submission larger than its cap is rejected unread, and one under it
+is parsed row by row into an array of shape [N, K] (N test ids, K target
+columns), stopping at the first row past N; the grader's memory is then
+O(N * K) whatever the file holds. The cap is the task's `limits.submission_mb`
+when given, else derived from the answers (`submission_cap`).
 
 Percentile rules (scores first oriented so that higher is better; N = board size):
 
@@ -33,6 +42,11 @@ from wmrl_jax.envs import metrics
 from wmrl_jax.envs.task import Task
 
 ERROR_KINDS = ("missing", "unparseable", "invalid_format", "metric_error")
+MiB = 1 << 20
+
+
+class TaskError(ValueError):
+    """A task's grader side (answers, leaderboards) is missing or malformed; names the file."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +100,30 @@ def rank(score: float, board: Sequence[float], *, direction: str) -> int:
 
 
 def read_leaderboard(path: str) -> np.ndarray:
-    """The `score` column of a leaderboard CSV, of shape [N]."""
-    with open(path, newline="", encoding="utf-8") as f:
-        return np.asarray([float(row["score"]) for row in csv.DictReader(f)], dtype=np.float64)
+    """The `score` column of a leaderboard CSV, of shape [N], N >= 1, all finite.
+
+    Raises:
+        TaskError: the file is missing, has no `score` column, no rows, or a
+            score that is not a finite number.
+    """
+    name = os.path.basename(path)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            if "score" not in (reader.fieldnames or ()):
+                raise TaskError(f"leaderboard {path!r} has no 'score' column")
+            scores = np.asarray([float(row["score"]) for row in reader], dtype=np.float64)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise TaskError(f"cannot read leaderboard {path!r}: {e}") from e
+    except (TypeError, ValueError) as e:  # a short row (None) or a non-number
+        if isinstance(e, TaskError):
+            raise
+        raise TaskError(f"leaderboard {name} has a score that is not a number: {e}") from e
+    if scores.size == 0 or not np.all(np.isfinite(scores)):
+        raise TaskError(
+            f"leaderboard {path!r} has no finite scores (it needs one or more, all finite)"
+        )
+    return scores
 
 
 def _private_dir(task: Task) -> str:
@@ -97,21 +132,74 @@ def _private_dir(task: Task) -> str:
 
 
 def load_leaderboards(task: Task) -> dict[str, np.ndarray]:
-    """Grader side: the task's boards, name -> scores of shape [N]."""
+    """Grader side: the task's boards, name -> scores of shape [N].
+
+    Raises:
+        TaskError: a board is missing or malformed (see `read_leaderboard`).
+    """
     root = os.path.join(_private_dir(task), "leaderboards")
     return {name: read_leaderboard(os.path.join(root, f"{name}.csv")) for name in task.leaderboards}
 
 
-def _read_csv(path: str) -> tuple[list[str], list[list[str]]]:
-    # utf-8-sig: tolerate the byte-order mark some spreadsheet tools write.
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        raise ValueError("empty file")
-    header, body = rows[0], [r for r in rows[1:] if r]
-    if any(len(r) != len(header) for r in body):
-        raise ValueError("rows do not all have as many fields as the header")
-    return header, body
+class _Answers(NamedTuple):
+    index: dict[str, int]  # test id -> row of `truth`
+    truth: np.ndarray  # [N]
+    file_bytes: int
+
+
+def _load_answers(task: Task) -> _Answers:
+    """The test ids and the truth of shape [N], read row by row.
+
+    Raises:
+        TaskError: no answers file, a missing column, a duplicate id or a
+            non-numeric answer.
+    """
+    spec = task.submission
+    path = os.path.join(_private_dir(task), "answers.csv")
+    index: dict[str, int] = {}
+    truth: list[float] = []
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            if spec.id_column not in header or spec.answer_column not in header:
+                raise TaskError(
+                    f"answers {path!r} lack the id {spec.id_column!r} or answer "
+                    f"{spec.answer_column!r} column (header {header})"
+                )
+            i_id, i_y = header.index(spec.id_column), header.index(spec.answer_column)
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) != len(header) or row[i_id] in index:
+                    raise TaskError(f"answers {path!r}: bad or duplicate row {row[:3]}")
+                index[row[i_id]] = len(truth)
+                truth.append(float(row[i_y]))
+        size = os.path.getsize(path)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise TaskError(f"cannot read answers {path!r}: {e}") from e
+    except ValueError as e:
+        if isinstance(e, TaskError):
+            raise
+        raise TaskError(f"answers {path!r} hold a non-numeric answer: {e}") from e
+    if not truth:
+        raise TaskError(f"answers {path!r} have no rows")
+    return _Answers(index, np.asarray(truth, dtype=np.float64), size)
+
+
+def check_task(task: Task) -> None:
+    """Reads the task's answers and boards once; raises `TaskError` naming what is broken."""
+    _load_answers(task)
+    load_leaderboards(task)
+
+
+def submission_cap(task: Task, answers_rows: int, answers_bytes: int) -> int:
+    """Largest submission read: `limits.submission_mb` MiB, else 1 MiB + 2 x the answers
+    file + 32 bytes per row and target column (a float printed in full is <= 24)."""
+    if "submission_mb" in task.limits:
+        return int(task.limits["submission_mb"] * MiB)
+    width = len(task.submission.target_columns) + 1
+    return MiB + 2 * answers_bytes + 32 * width * answers_rows
 
 
 def _metric_fn(task: Task):
@@ -125,63 +213,107 @@ def _invalid(kind: str, message: str) -> GradeResult:
     return GradeResult(valid=False, error_kind=kind, message=message)
 
 
+def _read_submission(path: str, task: Task, answers: _Answers) -> np.ndarray | GradeResult:
+    """Predictions of shape [N, K] in the answers' row order, or the invalid result."""
+    spec = task.submission
+    n = answers.truth.shape[0]
+    # utf-8-sig: tolerate the byte-order mark some spreadsheet tools write.
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return _invalid("unparseable", "cannot read submission as CSV: empty file")
+        missing_cols = [c for c in (spec.id_column, *spec.target_columns) if c not in header]
+        s_id = None if missing_cols else header.index(spec.id_column)
+        cols = [] if missing_cols else [header.index(c) for c in spec.target_columns]
+        y_pred = np.full((n, len(spec.target_columns)), np.nan, dtype=np.float64)
+        seen = np.zeros(n, dtype=bool)
+        rows = known = 0
+        bad_number = None
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                return _invalid(
+                    "unparseable",
+                    "cannot read submission as CSV: rows do not all have as many fields as the"
+                    " header",
+                )
+            if missing_cols:
+                continue  # only the structure is checked on: it decides the error kind
+            rows += 1
+            if rows > n:
+                return _invalid(
+                    "invalid_format",
+                    f"submission ids must match the {n} test ids exactly once (more than {n} rows)",
+                )
+            i = answers.index.get(row[s_id])
+            if i is None or seen[i]:
+                continue
+            seen[i] = True
+            known += 1
+            try:
+                y_pred[i] = [float(row[c]) for c in cols]
+            except ValueError as e:
+                bad_number = bad_number or str(e)
+    if missing_cols:
+        return _invalid("invalid_format", f"submission lacks columns {missing_cols}")
+    if rows != n or known != n:
+        return _invalid(
+            "invalid_format",
+            f"submission ids must match the {n} test ids exactly once "
+            f"(got {rows} rows, {known} known ids)",
+        )
+    if bad_number is not None:
+        return _invalid("invalid_format", f"non-numeric prediction: {bad_number}")
+    if not np.all(np.isfinite(y_pred)):
+        return _invalid("invalid_format", "predictions contain NaN or infinity")
+    return y_pred
+
+
 def grade(
     task: Task,
     submission_path: str | os.PathLike[str] | None,
     *,
-    max_bytes: int = 256 * 2**20,
+    max_bytes: int | None = None,
 ) -> GradeResult:
     """Grades the submission file at `submission_path` against the task's answers.
 
     Args:
         task: the task, from `load_task`.
         submission_path: the submission CSV (None or absent -> error kind "missing").
-        max_bytes: larger files are rejected unread ("invalid_format"), so a
-            runaway program cannot exhaust the grader's memory.
+        max_bytes: larger files are rejected unread ("invalid_format"); default
+            (and upper bound) `submission_cap`, so that a runaway program cannot
+            exhaust the grader's memory.
 
     Returns:
         A `GradeResult`; never raises for a bad submission.
+
+    Raises:
+        TaskError: the task's answers or boards are missing or malformed.
     """
     spec = task.submission
+    answers = _load_answers(task)
+    boards = load_leaderboards(task)
     if submission_path is None or not os.path.isfile(submission_path):
         return _invalid("missing", f"no submission file {spec.file!r}")
+    cap = submission_cap(task, answers.truth.shape[0], answers.file_bytes)
+    cap = cap if max_bytes is None else min(cap, max_bytes)
     size = os.path.getsize(submission_path)
-    if size > max_bytes:
-        return _invalid("invalid_format", f"submission is {size} bytes, over {max_bytes}")
+    if size > cap:
+        return _invalid("invalid_format", f"submission is {size} bytes, over {cap}")
     try:
-        header, body = _read_csv(os.fspath(submission_path))
-    except (ValueError, UnicodeDecodeError, csv.Error) as e:
+        y_pred = _read_submission(os.fspath(submission_path), task, answers)
+    except (UnicodeDecodeError, csv.Error) as e:
         return _invalid("unparseable", f"cannot read submission as CSV: {e}")
-    needed = (spec.id_column, *spec.target_columns)
-    missing_cols = [c for c in needed if c not in header]
-    if missing_cols:
-        return _invalid("invalid_format", f"submission lacks columns {missing_cols}")
-    a_header, a_body = _read_csv(os.path.join(_private_dir(task), "answers.csv"))
-    a_id, a_col = a_header.index(spec.id_column), a_header.index(spec.answer_column)
-    truth = {row[a_id]: float(row[a_col]) for row in a_body}
-    s_id = header.index(spec.id_column)
-    ids = [row[s_id] for row in body]
-    if len(ids) != len(set(ids)) or set(ids) != set(truth):
-        return _invalid(
-            "invalid_format",
-            f"submission ids must match the {len(truth)} test ids exactly once "
-            f"(got {len(ids)} rows, {len(set(ids) & set(truth))} known ids)",
-        )
-    cols = [header.index(c) for c in spec.target_columns]
+    if isinstance(y_pred, GradeResult):
+        return y_pred
     try:
-        y_pred = np.asarray([[float(row[c]) for c in cols] for row in body], dtype=np.float64)
-    except ValueError as e:
-        return _invalid("invalid_format", f"non-numeric prediction: {e}")
-    if not np.all(np.isfinite(y_pred)):
-        return _invalid("invalid_format", "predictions contain NaN or infinity")
-    y_true = np.asarray([truth[i] for i in ids], dtype=np.float64)
-    try:
-        score = float(_metric_fn(task)(y_true, y_pred))
+        score = float(_metric_fn(task)(answers.truth, y_pred))
     except Exception as e:  # Any metric failure is a result, not a crash.
         return _invalid("metric_error", f"{type(e).__name__}: {e}")
     if not math.isfinite(score):
         return _invalid("metric_error", f"metric returned {score}")
-    boards = load_leaderboards(task)
     direction, rule = task.metric.direction, task.percentile_rule
     pcts = [percentile(score, b, direction=direction, rule=rule) for b in boards.values()]
     pct = float(np.mean(pcts))
