@@ -1,7 +1,7 @@
-"""Flax decoder LMs (Qwen3 dense), Hugging Face checkpoint I/O and a KV-cache sampler.
+"""Flax decoder LMs (Qwen3 dense, Qwen3.5 hybrid), Hugging Face checkpoint I/O, a sampler.
 
 from wmrl_jax import models
-model = models.from_pretrained("path/to/qwen3", dtype="bfloat16")
+model = models.from_pretrained("path/to/qwen3", dtype="bfloat16")   # or a Qwen3.5
 logits = model.logits(ids, attention_mask=mask)            # [B, T, V] float32
 out = models.sample(model, ids, mask, key, max_new_tokens=64, top_p=0.95)
 model.save_pretrained("path/to/out")
@@ -19,6 +19,8 @@ from wmrl_jax.models.api import (
 )
 from wmrl_jax.models.config import SUPPORTED_MODEL_TYPES, Qwen3Config, config_from_dict
 from wmrl_jax.models.qwen3 import Qwen3, apply, token_logprobs
+from wmrl_jax.models.qwen3_5 import Qwen3_5
+from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 from wmrl_jax.models.sampler import SampleOutput, sample
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "Model",
     "Qwen3",
     "Qwen3Config",
+    "Qwen3_5",
+    "Qwen3_5Config",
     "SampleOutput",
     "apply",
     "config_from_dict",

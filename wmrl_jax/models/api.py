@@ -13,8 +13,20 @@ from jax.sharding import Mesh
 from wmrl_jax.models import hf_io
 from wmrl_jax.models.config import Qwen3Config
 from wmrl_jax.models.qwen3 import Qwen3, apply
+from wmrl_jax.models.qwen3_5 import Qwen3_5
+from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# The NNX module of each typed config; `config_from_dict` picks the config type.
+MODULES = {Qwen3Config: Qwen3, Qwen3_5Config: Qwen3_5}
+
+
+def module_class(config: Qwen3Config | Qwen3_5Config) -> type:
+    """The NNX module class (`Qwen3` or `Qwen3_5`) that implements `config`."""
+    if type(config) not in MODULES:
+        raise TypeError(f"no model is registered for config type {type(config).__name__}")
+    return MODULES[type(config)]
 
 
 @dataclasses.dataclass
@@ -22,10 +34,11 @@ class Model:
     """A loaded decoder: its graph, params pytree, config and tokenizer.
 
     `graphdef` and `params` are the functional boundary: a train step takes
-    `params` (an `nnx.State`) and calls `qwen3.apply(graphdef, params, ...)`.
+    `params` (an `nnx.State`) and calls `qwen3.apply(graphdef, params, ...)`,
+    which runs either architecture.
 
     Attributes:
-        graphdef: `nnx.GraphDef` of the `Qwen3` module.
+        graphdef: `nnx.GraphDef` of the `Qwen3` or `Qwen3_5` module.
         params: `nnx.State` of its parameters.
         config: typed config.
         raw_config: the `config.json` dictionary as read.
@@ -36,7 +49,7 @@ class Model:
 
     graphdef: nnx.GraphDef
     params: nnx.State
-    config: Qwen3Config
+    config: Qwen3Config | Qwen3_5Config
     raw_config: dict
     tokenizer: object = None
     layout: hf_io.CheckpointLayout | None = None
@@ -71,18 +84,19 @@ class Model:
         )
 
     @property
-    def module(self) -> Qwen3:
+    def module(self) -> Qwen3 | Qwen3_5:
         """The stateful NNX module (a fresh merge of graph and params)."""
         return nnx.merge(self.graphdef, self.params)
 
 
-def abstract_split(config: Qwen3Config, dtype=jnp.float32):
-    """(graphdef, abstract params state) of a `Qwen3`, without allocating weights."""
-    abstract = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, rngs=nnx.Rngs(0)))
+def abstract_split(config: Qwen3Config | Qwen3_5Config, dtype=jnp.float32):
+    """(graphdef, abstract params state) of the config's module, without allocating weights."""
+    cls = module_class(config)
+    abstract = nnx.eval_shape(lambda: cls(config, dtype=dtype, rngs=nnx.Rngs(0)))
     return nnx.split(abstract)
 
 
-def from_params(config: Qwen3Config, params: Mapping, **kwargs) -> Model:
+def from_params(config: Qwen3Config | Qwen3_5Config, params: Mapping, **kwargs) -> Model:
     """A `Model` from a params pure dict (e.g. freshly initialised or trained)."""
     dtype = jax.tree_util.tree_leaves(params)[0].dtype
     graphdef, state = abstract_split(config, dtype)
@@ -139,7 +153,7 @@ def random_model(raw_config: Mapping, key: jax.Array, *, dtype: str = "float32")
 
     config = config_from_dict(raw_config)
     seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
-    module = Qwen3(config, dtype=_DTYPES[dtype], rngs=nnx.Rngs(seed))
+    module = module_class(config)(config, dtype=_DTYPES[dtype], rngs=nnx.Rngs(seed))
     graphdef, params = nnx.split(module)
     return Model(graphdef=graphdef, params=params, config=config, raw_config=dict(raw_config))
 

@@ -1,7 +1,9 @@
-"""Decoder configuration read from a Hugging Face `config.json`, and rotary frequencies.
+"""Decoder configurations read from a Hugging Face `config.json`, and rotary frequencies.
 
 Only the fields the forward pass needs are typed; the original dictionary is kept
 verbatim so that `save_pretrained` writes back the same `config.json`.
+`config_from_dict` dispatches on `model_type`: "qwen3" (dense) here, "qwen3_5" and
+"qwen3_5_text" (hybrid Gated DeltaNet + gated attention) in `qwen3_5_config`.
 """
 
 import dataclasses
@@ -11,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("qwen3",)
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5", "qwen3_5_text")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +103,8 @@ def _rope_from_dict(raw: Mapping[str, Any]) -> RopeConfig:
     )
 
 
-def config_from_dict(raw: Mapping[str, Any]) -> Qwen3Config:
-    """Builds a `Qwen3Config` from a parsed `config.json`.
+def config_from_dict(raw: Mapping[str, Any]):
+    """Builds the typed config (`Qwen3Config` or `Qwen3_5Config`) of a parsed `config.json`.
 
     Args:
         raw: the JSON object of a Hugging Face `config.json`.
@@ -118,6 +120,10 @@ def config_from_dict(raw: Mapping[str, Any]) -> Qwen3Config:
         raise ValueError(
             f"unknown model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    if model_type != "qwen3":
+        from wmrl_jax.models.qwen3_5_config import qwen3_5_config_from_dict
+
+        return qwen3_5_config_from_dict(raw)
     try:
         heads = int(raw["num_attention_heads"])
         kv_heads = int(raw.get("num_key_value_heads") or heads)

@@ -2,6 +2,8 @@
 
     python -m wmrl_jax.models.fixtures --out tests/models/fixtures
 
+The Qwen3.5 checkpoints come from `fixtures_qwen3_5`, built by the same command.
+
 Needs `torch` and `transformers` (the tests that use the committed output do not).
 Every checkpoint directory holds config.json, safetensors, a byte-level BPE
 tokenizer with a ChatML chat template, and `reference.npz`:
@@ -242,11 +244,15 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="tests/models/fixtures")
     parser.add_argument("--only", nargs="*", default=None, help="fixture names to rebuild")
     args = parser.parse_args(argv)
+    from wmrl_jax.models import fixtures_qwen3_5
+
     tokenizer = build_tokenizer()
-    for seed, name in enumerate(FIXTURES):
+    builders = [(name, build_one) for name in FIXTURES]
+    builders += [(name, fixtures_qwen3_5.build_one) for name in fixtures_qwen3_5.FIXTURES]
+    for seed, (name, build) in enumerate(builders):
         if args.only and name not in args.only:
             continue
-        summary = build_one(name, args.out, tokenizer, seed)
+        summary = build(name, args.out, tokenizer, seed)
         print(f"{summary['name']}: {summary['bytes'] / 1e6:.2f} MB, {summary['files']}")
 
 

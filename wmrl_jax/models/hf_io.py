@@ -9,6 +9,7 @@ policy loads in any HF-compatible server; an unchanged model round-trips bit-exa
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -18,9 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, Sharding
 
-from wmrl_jax.models import safetensors_io
+from wmrl_jax.models import qwen3_5_io, safetensors_io
 from wmrl_jax.models.config import Qwen3Config, config_from_dict
+from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 from wmrl_jax.models.sharding import param_shardings
+
+log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -52,8 +56,10 @@ class CheckpointLayout:
     metadata: Mapping[str, Mapping[str, str] | None]
 
 
-def tensor_map(config: Qwen3Config) -> dict[str, tuple[tuple, bool]]:
+def tensor_map(config: Qwen3Config | Qwen3_5Config) -> dict[str, tuple[tuple, bool]]:
     """HF tensor name -> (path in the params pure dict, transposed?)."""
+    if isinstance(config, Qwen3_5Config):
+        return qwen3_5_io.tensor_map(config)
     out = {"model.embed_tokens.weight": (("embed_tokens",), False)}
     out["model.norm.weight"] = (("norm", "weight"), False)
     if not config.tie_word_embeddings:
@@ -74,7 +80,7 @@ def tensor_map(config: Qwen3Config) -> dict[str, tuple[tuple, bool]]:
     return out
 
 
-def load_config(path: str | os.PathLike) -> tuple[dict, Qwen3Config]:
+def load_config(path: str | os.PathLike) -> tuple[dict, Qwen3Config | Qwen3_5Config]:
     """The raw `config.json` dictionary and the typed config of a checkpoint directory."""
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
@@ -128,7 +134,7 @@ def _place(view: np.ndarray, transpose: bool, dtype, sharding: Sharding | None) 
 
 def load_params(
     path: str | os.PathLike,
-    config: Qwen3Config,
+    config: Qwen3Config | Qwen3_5Config,
     *,
     dtype=jnp.float32,
     mesh: Mesh | None = None,
@@ -150,10 +156,13 @@ def load_params(
 
     Raises:
         FileNotFoundError: missing weights or shard.
-        ValueError: a missing tensor or a tensor whose shape does not match the config.
+        ValueError: a missing tensor, a tensor whose shape does not match the config,
+            or (Qwen3.5) a tensor that is neither mapped nor under a skipped prefix.
     """
     tensors, layout = _open_checkpoint(path)
     mapping = tensor_map(config)
+    if isinstance(config, Qwen3_5Config):
+        _check_unmapped(path, set(tensors) - set(mapping))
     expected = expected_shapes(config)
     if shardings is None and mesh is not None:
         shapes = _nest({p: jax.ShapeDtypeStruct(s, dtype) for p, s in expected.items()})
@@ -174,8 +183,24 @@ def load_params(
     return _nest(flat), layout
 
 
-def expected_shapes(config: Qwen3Config) -> dict[tuple, tuple[int, ...]]:
+def _check_unmapped(path, names: set[str]) -> None:
+    """Logs the skipped non-language tensors; raises on any other unmapped one."""
+    unknown = sorted(n for n in names if not n.startswith(qwen3_5_io.SKIPPED_PREFIXES))
+    if unknown:
+        raise ValueError(
+            f"checkpoint {str(path)!r} has tensors this model does not map: {unknown[:5]}"
+            f"{' ...' if len(unknown) > 5 else ''} ({len(unknown)} in all)"
+        )
+    counts = {p: sum(n.startswith(p) for n in names) for p in qwen3_5_io.SKIPPED_PREFIXES}
+    if names:
+        skipped = ", ".join(f"{p}* ({n})" for p, n in counts.items() if n)
+        log.info("%s: language model loaded; skipped %d tensors: %s", path, len(names), skipped)
+
+
+def expected_shapes(config: Qwen3Config | Qwen3_5Config) -> dict[tuple, tuple[int, ...]]:
     """Pure-dict path -> shape of every parameter ([in, out] for kernels)."""
+    if isinstance(config, Qwen3_5Config):
+        return qwen3_5_io.expected_shapes(config)
     c = config
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     out = {("embed_tokens",): (c.vocab_size, c.hidden_size), ("norm", "weight"): (c.hidden_size,)}
@@ -207,7 +232,7 @@ def expected_shapes(config: Qwen3Config) -> dict[tuple, tuple[int, ...]]:
 def save_checkpoint(
     path: str | os.PathLike,
     params: Mapping,
-    config: Qwen3Config,
+    config: Qwen3Config | Qwen3_5Config,
     raw_config: Mapping,
     layout: CheckpointLayout | None = None,
     *,
@@ -222,11 +247,21 @@ def save_checkpoint(
         raw_config: the `config.json` dictionary to write back verbatim.
         layout: file split and dtypes to reproduce; None writes one
             `model.safetensors` in the params' dtypes.
-        source_dir: optional directory whose tokenizer files are copied along.
+        source_dir: optional directory whose tokenizer files are copied along, and
+            whose tensors in `layout` that the model does not hold (a vision tower,
+            an MTP head) are copied through unchanged.
     """
     os.makedirs(path, exist_ok=True)
     by_file: dict[str, dict[str, np.ndarray]] = {}
-    for name, (p, transpose) in tensor_map(config).items():
+    mapping = tensor_map(config)
+    if layout is not None and source_dir is not None and isinstance(config, Qwen3_5Config):
+        skipped = qwen3_5_io.SKIPPED_PREFIXES
+        carried = sorted(n for n in set(layout.files) - set(mapping) if n.startswith(skipped))
+        if carried:
+            source, _ = _open_checkpoint(source_dir)
+            for name in carried:  # copied out of the memory map: path may be source_dir
+                by_file.setdefault(layout.files[name], {})[name] = np.array(source[name])
+    for name, (p, transpose) in mapping.items():
         value = np.asarray(jax.device_get(_get(params, p)))
         if transpose:
             value = value.T

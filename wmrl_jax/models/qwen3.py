@@ -79,9 +79,15 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def rope_cos_sin(config: Qwen3Config, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """cos and sin tables for integer positions of shape [B, T]; each [B, T, 1, head_dim]."""
-    inv_freq, scale = rope_frequencies(config.rope, config.head_dim)
+def rope_cos_sin(
+    config: Qwen3Config, positions: jax.Array, dtype, dim: int | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """cos and sin tables for integer positions of shape [B, T]; each [B, T, 1, dim].
+
+    `dim` is the number of rotated dims per head (default `config.head_dim`).
+    """
+    dim = config.head_dim if dim is None else dim
+    inv_freq, scale = rope_frequencies(config.rope, dim)
     freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
     return (jnp.cos(emb) * scale).astype(dtype), (jnp.sin(emb) * scale).astype(dtype)
@@ -128,23 +134,43 @@ class Attention(nnx.Module):
         k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        # Heads before positions ([B, K, S, D]): attention is then a batched matmul
-        # over (B, K) with no transpose of the cache, 4-5x faster when decoding.
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        if kv is not None:
-            start = (0, 0, cache_index, 0)
-            k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
-        q = q.reshape(b, t, c.num_key_value_heads, c.num_groups, c.head_dim)
-        q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        # Scores in the params dtype, softmax in float32, as the reference does.
-        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k) * jnp.asarray(c.head_dim**-0.5, q.dtype)
-        scores = scores.astype(jnp.float32)
-        # finfo.min, not -inf: fully masked rows (left padding) stay finite.
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, -1)
-        return self.o_proj(out), (k, v)
+        out, kv = attend(q, k, v, mask, kv, cache_index)
+        return self.o_proj(out), kv
+
+
+def attend(q, k, v, mask, kv=None, cache_index=None):
+    """Grouped-query softmax attention, optionally through a fixed-size cache.
+
+    Args:
+        q: queries of shape [B, T, H, D] (after norm and rotary embedding).
+        k, v: new keys and values of shape [B, T, K, D]; H is a multiple of K.
+        mask: bool of shape [B, T, S]; True where a query may attend a slot.
+        kv: optional cached (k, v), each [B, K, S, D]; the new keys are written
+            at slots [cache_index, cache_index + T).
+        cache_index: int scalar, first slot to write.
+
+    Returns:
+        (output [B, T, H * D], (k, v) of shape [B, K, S, D], S = T without a cache).
+    """
+    b, t, h, d = q.shape
+    groups = h // k.shape[2]
+    # Heads before positions ([B, K, S, D]): attention is then a batched matmul
+    # over (B, K) with no transpose of the cache, 4-5x faster when decoding.
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if kv is not None:
+        start = (0, 0, cache_index, 0)
+        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
+        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
+    q = q.reshape(b, t, k.shape[1], groups, d)
+    q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+    # Scores in the params dtype, softmax in float32, as the reference does.
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k) * jnp.asarray(d**-0.5, q.dtype)
+    scores = scores.astype(jnp.float32)
+    # finfo.min, not -inf: fully masked rows (left padding) stay finite.
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, -1)
+    return out, (k, v)
 
 
 class MLP(nnx.Module):
@@ -199,6 +225,10 @@ class Qwen3(nnx.Module):
             if config.tie_word_embeddings
             else nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         )
+
+    def init_cache(self, batch: int, slots: int, dtype) -> KVCache:
+        """An all-zero decode cache of `slots` positions for `batch` rows."""
+        return init_cache(self.config, batch, slots, dtype)
 
     def __call__(self, input_ids, positions, mask, cache=None, cache_index=None, last_only=False):
         """Float32 logits for `input_ids`.

@@ -1,10 +1,14 @@
-"""Jitted sampler: one prefill, then a `lax.while_loop` decode over a fixed-size KV cache.
+"""Jitted sampler: one prefill, then a `lax.while_loop` decode over a fixed-size cache.
 
 Prompts are left padded to a common length P, so every row's next token lands in
 the same cache slot (P + t) while rotary positions stay per row. The cache has
 P + max_new_tokens slots; a slot is visible to a query when it holds a real
 prompt token or an already generated one. The loop stops once every row has
 emitted a stop token (EOS or a configured stop id) or the budget is spent.
+
+The cache is whatever pytree the model's `init_cache` returns: a KV cache for
+the dense Qwen3, per-layer KV caches, conv windows and recurrent states for the
+hybrid Qwen3.5 (whose GDN layers carry their state forward token by token).
 
 Returned log-probs are those of the *unmodified* policy (temperature 1, no top-k
 / top-p truncation), in float32 — the quantity an importance ratio needs — so they
@@ -21,7 +25,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from wmrl_jax.models.qwen3 import init_cache, positions_from_mask
+from wmrl_jax.models.qwen3 import positions_from_mask
 from wmrl_jax.models.sharding import cache_spec
 
 
@@ -100,15 +104,18 @@ def _sample(
     mesh,
 ):
     model = nnx.merge(graphdef, params)
-    config = model.config
     b, p = prompt_ids.shape
     n = max_new_tokens
     slots = p + n
     dtype = model.embed_tokens[...].dtype
-    cache = init_cache(config, b, slots, dtype)
+    cache = model.init_cache(b, slots, dtype)
     if mesh is not None:
-        spec = NamedSharding(mesh, cache_spec(cache.k[0].shape, mesh))
-        cache = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, spec), cache)
+        cache = jax.tree_util.tree_map(
+            lambda x: jax.lax.with_sharding_constraint(
+                x, NamedSharding(mesh, cache_spec(x.shape, mesh))
+            ),
+            cache,
+        )
     prompt_mask = prompt_mask.astype(bool)
     slot = jnp.arange(slots)
     prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, n)))  # [B, S]
@@ -187,7 +194,7 @@ def sample(
         eos_ids: stop tokens; defaults to the config's `eos_token_id`.
         stop_ids: extra stop tokens.
         pad_id: token written after a row stopped.
-        mesh: optional mesh; the KV cache is sharded with `cache_spec`.
+        mesh: optional mesh; every cache array is sharded with `cache_spec`.
 
     Returns:
         A `SampleOutput` with arrays of shape [B, N].

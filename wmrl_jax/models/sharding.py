@@ -1,7 +1,8 @@
-"""Partition rules for the decoder's params and KV cache on a (data, fsdp, tensor) mesh.
+"""Partition rules for the decoders' params and caches on a (data, fsdp, tensor) mesh.
 
 Megatron-style tensor parallelism: column-parallel q/k/v, gate and up (output dim
-on `tensor`), row-parallel o and down (input dim on `tensor`); the other dim of
+on `tensor`), row-parallel o and down (input dim on `tensor`), and the same for
+the Gated DeltaNet projections (in_proj_* column-, out_proj row-parallel); the other dim of
 every matrix is sharded on `fsdp` (ZeRO-3-like gathering by XLA). Norm weights
 are replicated. The batch is split over (`data`, `fsdp`). A mesh axis is dropped
 from a dim it does not divide, so tiny test models still shard.
@@ -29,6 +30,16 @@ _RULES = {
     ("gate_proj", "kernel"): ("fsdp", "tensor"),
     ("up_proj", "kernel"): ("fsdp", "tensor"),
     ("down_proj", "kernel"): ("tensor", "fsdp"),
+    # Gated DeltaNet: input projections column-parallel (channels / value heads on
+    # `tensor`), out_proj row-parallel, per-head vectors and conv channels on `tensor`.
+    ("in_proj_qkv", "kernel"): ("fsdp", "tensor"),
+    ("in_proj_z", "kernel"): ("fsdp", "tensor"),
+    ("in_proj_b", "kernel"): ("fsdp", "tensor"),
+    ("in_proj_a", "kernel"): ("fsdp", "tensor"),
+    ("out_proj", "kernel"): ("tensor", "fsdp"),
+    ("conv1d", "weight"): ("tensor", None, None),
+    ("linear_attn", "dt_bias"): ("tensor",),
+    ("linear_attn", "A_log"): ("tensor",),
     (None, "embed_tokens"): ("tensor", "fsdp"),
     (None, "lm_head"): ("fsdp", "tensor"),
 }
@@ -76,8 +87,12 @@ def param_shardings(params_shapes: Mapping, mesh: Mesh):
 
 
 def cache_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
-    """One layer's KV cache [B, K, S, D]: batch over (data, fsdp), kv heads over tensor."""
-    return _fit((BATCH, "tensor", None, None), shape, mesh)
+    """One decode-cache array: batch over (data, fsdp), its heads or channels over tensor.
+
+    Covers a KV cache [B, K, S, D] (kv heads), a GDN state [B, Hv, Dk, Dv] (value
+    heads) and a GDN conv window [B, conv_dim, kernel - 1] (channels).
+    """
+    return _fit((BATCH, "tensor") + (None,) * (len(shape) - 2), shape, mesh)
 
 
 def batch_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
