@@ -1,0 +1,311 @@
+"""RayExecutor: programs fanned out over the nodes of a Ray cluster.
+
+One actor per alive node owns that node's executor (a `DockerExecutor` with
+the image checked when the actor starts, or whatever `make_executor` builds)
+and runs up to `slots_per_node` programs at once (a threaded actor). The
+driver queues programs and hands each to a node with a free slot
+(`FanOut`), so a busy cluster applies back-pressure instead of piling work
+onto nodes; results stream back as they finish.
+
+Inputs travel by content: an input dir is packed once per content digest
+(`input_digest`) into the object store, and each node's actor unpacks it
+once into its own cache and mounts that copy for every program that needs
+it (`NodeSandbox.stats()["inputs_unpacked"]`).
+
+A node that dies mid-batch (its raylet or the actor's process killed) turns
+its running programs into "infra_error" results, which run again on other
+nodes (see `FanOut`); `refresh` starts actors on nodes that joined since.
+
+Needs the `ray` extra (`pip install -e ".[ray]"`). Connects to a running
+cluster (`address`, or the driver's `ray.init`), never starts one.
+
+Example:
+    >>> with RayExecutor(address="auto", slots_per_node=4) as ex:  # doctest: +SKIP
+    ...     futures = [ex.submit(src, input_dir="data/") for src in sources]
+    ...     results = [f.result() for f in concurrent.futures.as_completed(futures)]
+"""
+
+import concurrent.futures
+import functools
+import io
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+from collections.abc import Callable
+
+from wmrl_jax.sandbox.fanout import FanOut, WorkerLost
+from wmrl_jax.sandbox.pool import input_digest
+from wmrl_jax.sandbox.result import ExecutionResult, Executor, InfraError, check_input_dir
+
+log = logging.getLogger(__name__)
+
+
+def default_executor_factory() -> Executor:
+    """`make_executor()` on the node: Docker when there, else the local backend."""
+    from wmrl_jax.sandbox import make_executor
+
+    return make_executor()
+
+
+def pack_dir(root: str | os.PathLike) -> bytes:
+    """An uncompressed tar of the regular files and directories under `root`."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    tar.add(path, arcname=os.path.relpath(path, root), recursive=False)
+    return buf.getvalue()
+
+
+class NodeSandbox:
+    """The per-node actor: an executor and a cache of unpacked inputs by digest.
+
+    Args:
+        make_executor: builds the executor on the node (called once, here).
+    """
+
+    def __init__(self, make_executor: Callable[[], Executor]):
+        self.executor = make_executor()
+        self._root = tempfile.mkdtemp(prefix="wmrl-ray-inputs-")
+        self._inputs: dict[str, str] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._stats = {"runs": 0, "inputs_unpacked": 0}
+
+    def describe(self) -> dict:
+        """The node id, the pid and the executor's environment."""
+        import ray
+
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "environment": self.executor.environment,
+        }
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self._stats)
+
+    def _input_dir(self, digest: str, box: list) -> str:
+        import ray
+
+        with self._lock:
+            lock = self._locks.setdefault(digest, threading.Lock())
+        with lock:  # one unpack per digest, however many programs wait for it
+            if digest not in self._inputs:
+                target = os.path.join(self._root, digest)
+                staging = target + ".tmp"
+                shutil.rmtree(staging, ignore_errors=True)
+                with tarfile.open(fileobj=io.BytesIO(ray.get(box[0])), mode="r") as tar:
+                    tar.extractall(staging, filter="data")
+                os.chmod(staging, 0o755)
+                os.replace(staging, target)
+                self._inputs[digest] = target
+                with self._lock:
+                    self._stats["inputs_unpacked"] += 1
+            return self._inputs[digest]
+
+    def run(self, source, digest, box, timeout_s, files) -> ExecutionResult:
+        """Runs one program on this node's executor (inputs from the cache)."""
+        with self._lock:
+            self._stats["runs"] += 1
+        input_dir = None if digest is None else self._input_dir(digest, box)
+        return self.executor.run(source, input_dir=input_dir, timeout_s=timeout_s, files=files)
+
+    def close(self) -> None:
+        self.executor.close()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+class _NodeWorker:
+    """A `fanout.Worker` over one node's actor."""
+
+    def __init__(self, node_id: str, actor, slots: int, ship: Callable):
+        self.name, self.actor, self.slots, self._ship = node_id, actor, slots, ship
+
+    def start(self, source, *, input_dir, timeout_s, files):
+        digest, box = self._ship(input_dir)
+        ref = self.actor.run.remote(source, digest, box, timeout_s, files)
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(f):
+            import ray
+
+            try:
+                out.set_result(f.result())
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                out.set_exception(WorkerLost(f"{type(e).__name__}: {str(e)[:300]}"))
+            except Exception as e:
+                out.set_exception(e)
+
+        ref.future().add_done_callback(done)
+        return out
+
+    def alive(self) -> bool:
+        import ray
+
+        try:
+            ray.get(self.actor.describe.remote(), timeout=10)
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.actor.close.remote(), timeout=60)
+        except Exception as e:
+            log.warning("node %s: %s", self.name[:12], e)
+        ray.kill(self.actor)
+
+
+class RayExecutor(FanOut):
+    """An `Executor` over a Ray cluster's nodes; see the module docstring.
+
+    Args:
+        address: the cluster to connect to when this process has not called
+            `ray.init` yet (e.g. "auto", "127.0.0.2:6379"); None uses
+            `RAY_ADDRESS` or the running driver.
+        slots_per_node: programs each node runs at once.
+        make_executor: picklable zero-argument callable building a node's
+            executor (e.g. `functools.partial(DockerExecutor, image, limits=...)`).
+        max_nodes: use at most this many nodes (None: all alive).
+        actor_options: extra `ray.remote` options of the node actors (e.g. a
+            custom resource that marks sandbox nodes); default `num_cpus=0`,
+            the programs' limits are the executor's business.
+        **fanout_kwargs: `max_retries`, `deadline_s`, `refresh_interval_s` (`FanOut`).
+
+    Raises:
+        InfraError: Ray is not installed, no cluster answers, or no node could
+            start an executor.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        slots_per_node: int = 4,
+        make_executor: Callable[[], Executor] = default_executor_factory,
+        max_nodes: int | None = None,
+        actor_options: dict | None = None,
+        **fanout_kwargs,
+    ):
+        try:
+            import ray
+        except ImportError as e:
+            raise InfraError('RayExecutor needs Ray: pip install -e ".[ray]"') from e
+        if slots_per_node < 1:
+            raise ValueError(f"slots_per_node must be >= 1, got {slots_per_node}")
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except Exception as e:
+                raise InfraError(f"no Ray cluster answers at {address!r}: {e}") from e
+        self.slots_per_node = slots_per_node
+        self.max_nodes = max_nodes
+        self._make_executor = make_executor
+        self._actor_options = {
+            "max_concurrency": slots_per_node,
+            "max_restarts": 0,
+            "num_cpus": 0,
+            **(actor_options or {}),
+        }
+        self._actor_cls = ray.remote(NodeSandbox)
+        self._shipped: dict[str, list] = {}
+        self._ship_lock = threading.Lock()
+        workers = self._start_actors(set())
+        if not workers:
+            raise InfraError("no Ray node could start a sandbox executor")
+        environments = {env for _, env in workers}
+        if len(environments) > 1:
+            raise InfraError(f"nodes run programs on different environments: {environments}")
+        super().__init__(
+            [w for w, _ in workers], environment=f"ray:{environments.pop()}", **fanout_kwargs
+        )
+
+    def _start_actors(self, known: set[str]) -> list:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in known]
+        if self.max_nodes is not None:
+            nodes = nodes[: max(self.max_nodes - len(known), 0)]
+        actors = {
+            node: self._actor_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                **self._actor_options,
+            ).remote(self._make_executor)
+            for node in nodes
+        }
+        workers = []
+        for node, actor in actors.items():
+            try:  # the executor is built (and its image checked) before any program
+                info = ray.get(actor.describe.remote(), timeout=120)
+            except Exception as e:
+                log.warning("node %s has no sandbox: %s", node[:12], str(e)[:300])
+                ray.kill(actor)
+                continue
+            workers.append(
+                (_NodeWorker(node, actor, self.slots_per_node, self._ship), info["environment"])
+            )
+        return workers
+
+    def discover(self):
+        """Actors on nodes that joined (or came back) since the last look."""
+        with self._cond:
+            known = set(self._workers) - self._dead
+        found = []
+        for worker, env in self._start_actors(known):
+            if f"ray:{env}" == self.environment:
+                found.append(worker)
+            else:
+                log.warning(
+                    "node %s runs %s, not %s; left out", worker.name[:12], env, self.environment
+                )
+                worker.close()
+        return found
+
+    def _ship(self, input_dir) -> tuple[str | None, list | None]:
+        """(digest, [object ref]) of the packed input dir, put once per content."""
+        import ray
+
+        if input_dir is None:
+            return None, None
+        check_input_dir(input_dir)
+        digest = input_digest(input_dir)
+        with self._ship_lock:
+            if digest not in self._shipped:
+                # In a list, so that Ray passes the reference, not the bytes: a node
+                # fetches them only when its cache misses.
+                self._shipped[digest] = [ray.put(pack_dir(input_dir))]
+            return digest, self._shipped[digest]
+
+    def node_stats(self) -> dict[str, dict]:
+        """Each live node's actor stats (`runs`, `inputs_unpacked`)."""
+        import ray
+
+        out = {}
+        for name in self.live_workers:
+            try:
+                out[name] = ray.get(self._workers[name].actor.stats.remote(), timeout=30)
+            except Exception as e:
+                log.warning("node %s: %s", name[:12], e)
+        return out
+
+    def close(self) -> None:
+        super().close()
+        self._shipped.clear()
+
+
+def local_executor_factory(**kwargs) -> Callable[[], Executor]:
+    """A picklable factory of `LocalExecutor(**kwargs)` (nodes without Docker)."""
+    from wmrl_jax.sandbox.local import LocalExecutor
+
+    return functools.partial(LocalExecutor, **kwargs)
