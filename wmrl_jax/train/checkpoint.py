@@ -16,7 +16,10 @@ orbax checkpoint metrics), so the `keep` latest steps and the `keep_best` best
 steps are both kept; a step without that metric (or with NaN) is never "best".
 
 A save is atomic: orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames it
-when complete, so a save killed midway never becomes `latest_step()`.
+when complete, so a save killed midway never becomes `latest_step()`. A step
+damaged afterwards (a disk error, a hand edit) is caught on resume: `restore` and
+`meta` fall back to the newest step that reads, moving each newer unreadable one
+to `<directory>.unreadable/<step>` (never deleting it) with a one-line warning.
 
 Example:
     >>> ckpt = Checkpointer(workdir + "/checkpoints", keep=3)
@@ -25,6 +28,7 @@ Example:
     >>> state, meta = ckpt.restore(abstract_state=jax.eval_shape(lambda: state))
 """
 
+import logging
 import math
 import os
 import shutil
@@ -39,9 +43,19 @@ from orbax.checkpoint import checkpoint_managers
 from wmrl_jax.models import api
 from wmrl_jax.models.config import config_from_dict
 
-__all__ = ["Checkpointer", "export_hf"]
+__all__ = ["CheckpointError", "Checkpointer", "export_hf"]
 
 _ITEMS = ("state", "meta")
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint (or not the one asked for) can be read; says which and why, in one line."""
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 class Checkpointer:
@@ -148,7 +162,8 @@ class Checkpointer:
         return self._manager.save(int(step), args=args, metrics=metrics, force=force)
 
     def latest_step(self) -> int | None:
-        """The newest complete step, or None."""
+        """The newest complete step, or None (it may be unreadable: `restore` and
+        `meta` then fall back to an older one)."""
         return self._manager.latest_step()
 
     def best_step(self) -> int | None:
@@ -164,10 +179,14 @@ class Checkpointer:
         return self._manager.metrics(step)
 
     def restore(self, step: int | None = None, *, abstract_state: Any) -> tuple[Any, dict]:
-        """Restores `(state, meta)` of `step` (default: the latest).
+        """Restores `(state, meta)` of `step` (default: the newest readable step).
+
+        With `step=None`, a newer step that cannot be read while an older one
+        can (a corrupted save) is moved out of the way, to `<directory>.unreadable/`,
+        never deleted, with a one-line warning naming it; the older step is restored.
 
         Args:
-            step: step to restore, or None for `latest_step()`.
+            step: step to restore, or None for the newest readable one.
             abstract_state: pytree with the structure of the saved state whose
                 leaves are `jax.ShapeDtypeStruct` (with `.sharding` to place
                 shards) or arrays; e.g. `jax.eval_shape(init_fn)` with shardings.
@@ -178,26 +197,73 @@ class Checkpointer:
 
         Raises:
             FileNotFoundError: no checkpoint (or not that step).
+            CheckpointError: no step (or not `step`) can be read; one line per step.
         """
-        step = self._existing(step)
         abstract = jax.tree.map(_abstract_leaf, abstract_state)
-        out = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         )
-        return out["state"], dict(out["meta"])
+
+        def read(at: int) -> tuple[Any, dict]:
+            out = self._manager.restore(at, args=args)
+            return out["state"], dict(out["meta"])
+
+        return self._read_newest(step, read)
 
     def meta(self, step: int | None = None) -> dict:
-        """The JSON metadata of `step` (default: the latest), without reading the state.
+        """The JSON metadata of `step` (default: the newest readable step), without
+        reading the state; falls back like `restore`.
 
         Raises:
             FileNotFoundError: no checkpoint (or not that step).
+            CheckpointError: no step (or not `step`) has readable metadata.
         """
-        step = self._existing(step)
-        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(out["meta"])
+        args = ocp.args.Composite(meta=ocp.args.JsonRestore())
+        return self._read_newest(
+            step, lambda at: dict(self._manager.restore(at, args=args)["meta"])
+        )
+
+    def _read_newest(self, step: int | None, read):
+        """`read(step)`, or with `step=None` that of the newest step it succeeds on.
+
+        Only a step newer than one that reads is set aside as unreadable: when
+        every step fails alike (e.g. an `abstract_state` of another structure),
+        nothing is moved and the error says so.
+        """
+        if step is not None:
+            step = self._existing(step)
+            try:
+                return read(step)
+            except Exception as e:
+                raise CheckpointError(
+                    f"checkpoint step {step} in {self.directory} is unreadable: {_one_line(e)}"
+                ) from e
+        self._existing(None)
+        failures = []
+        for candidate in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                out = read(candidate)
+            except Exception as e:  # orbax raises many kinds for a damaged step
+                failures.append((candidate, e))
+                continue
+            for bad, error in failures:
+                where = self._set_aside(bad)
+                log.warning(
+                    "checkpoint step %d in %s is unreadable (%s); moved to %s, resuming from "
+                    "step %d",
+                    bad,
+                    self.directory,
+                    _one_line(error),
+                    where,
+                    candidate,
+                )
+            if failures:
+                self._manager.reload()
+            return out
+        raise CheckpointError(
+            f"no checkpoint in {self.directory} can be read: "
+            + "; ".join(f"step {s}: {_one_line(e)}" for s, e in failures)
+        ) from failures[0][1]
 
     def _existing(self, step: int | None) -> int:
         self.wait()
@@ -208,6 +274,19 @@ class Checkpointer:
         elif step not in self._manager.all_steps():
             raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}")
         return step
+
+    def _set_aside(self, step: int) -> str:
+        """Moves step `step`'s directory to `<directory>.unreadable/` (never deletes it)."""
+        aside = self.directory.rstrip(os.sep) + ".unreadable"
+        target = os.path.join(aside, str(step))
+        suffix = 0
+        while os.path.lexists(target):
+            suffix += 1
+            target = os.path.join(aside, f"{step}.{suffix}")
+        if jax.process_index() == 0:
+            os.makedirs(aside, exist_ok=True)
+            os.replace(os.path.join(self.directory, str(step)), target)
+        return target
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves (and their cleanup) finish."""
