@@ -1,0 +1,202 @@
+"""EnginePool over two real Docker engines on different sockets.
+
+The first engine is the tests' usual one; the second is a dockerd of its own
+(data root, exec root, pid file and unix socket under one state dir, no
+bridge, no iptables) started here, with the sandbox image copied into it by
+`docker save | docker load` (once: the state dir outlives the test run). The
+fault test SIGKILLs the second engine mid-batch.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tests.sandbox.conftest import TEST_LIMITS
+from wmrl_jax.sandbox.docker_backend import LABEL
+from wmrl_jax.sandbox.remote import EnginePool
+
+STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-second")
+SOCKET = os.path.join(STATE, "docker.sock")
+URL_B = f"unix://{SOCKET}"
+START_TIMEOUT_S = 60
+
+
+class SecondEngine:
+    """A dockerd of its own on `SOCKET`; `start` / `kill` / `stop`."""
+
+    def __init__(self):
+        self.pid_file = os.path.join(STATE, "dockerd.pid")
+        self.proc = None
+
+    def client(self, timeout=120):
+        import docker
+
+        return docker.DockerClient(base_url=URL_B, timeout=timeout)
+
+    def answers(self) -> bool:
+        try:
+            return bool(self.client(timeout=5).ping())
+        except Exception:
+            return False
+
+    def start(self) -> None:
+        if self.answers():
+            return
+        os.makedirs(STATE, exist_ok=True)
+        with open(os.path.join(STATE, "dockerd.log"), "a") as log:
+            self.proc = subprocess.Popen(
+                [
+                    "dockerd",
+                    f"--data-root={STATE}/data",
+                    f"--exec-root={STATE}/exec",
+                    f"--pidfile={self.pid_file}",
+                    f"--host={URL_B}",
+                    "--bridge=none",
+                    "--iptables=false",
+                    "--ip-forward=false",
+                    "--ip-masq=false",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                with open(os.path.join(STATE, "dockerd.log")) as f:
+                    pytest.fail(f"second dockerd did not start: {f.read()[-2000:]}")
+            time.sleep(0.1)
+        # Containers a killed run left behind (records only: their processes died with it).
+        client = self.client()
+        for container in client.containers.list(all=True, filters={"label": LABEL}):
+            container.remove(force=True)
+
+    def pid(self) -> int | None:
+        try:
+            with open(self.pid_file) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        """SIGKILLs the engine and its containers' shims: the machine is gone."""
+        os.kill(self.pid(), signal.SIGKILL)  # its containerd follows (parent-death signal)
+        if self.proc is not None:
+            self.proc.wait(30)
+        marker = f"-address {STATE}/".encode()
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if name.isdigit() and marker in f.read().replace(b"\0", b" "):
+                        os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                continue
+        # dockerd bind-mounts its data root onto itself and unmounts it on a clean stop only.
+        subprocess.run(["umount", "--lazy", f"{STATE}/data"], check=False, capture_output=True)
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after 30 s) to the engine of the pid file, if it runs."""
+        pid = self.pid()
+        if pid is None or not self.answers():
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        else:
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def second_engine(docker_image):
+    """The second engine, answering, with the sandbox image; stopped afterwards."""
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        reason = "a second Docker engine needs dockerd and root"
+        if os.environ.get("WMRL_REQUIRE_DOCKER"):
+            pytest.fail(f"WMRL_REQUIRE_DOCKER is set but {reason}")
+        pytest.skip(reason)
+    engine = SecondEngine()
+    engine.start()
+    try:
+        import docker
+
+        first = docker.from_env(timeout=300)
+        want = first.images.get(docker_image).id
+        client = engine.client(timeout=300)
+        try:
+            have = client.images.get(docker_image).id
+        except docker.errors.ImageNotFound:
+            have = None
+        if have != want:
+            save = subprocess.Popen(["docker", "save", docker_image], stdout=subprocess.PIPE)
+            subprocess.run(
+                ["docker", f"--host={URL_B}", "load", "--quiet"], stdin=save.stdout, check=True
+            )
+            save.stdout.close()
+            assert save.wait() == 0
+        yield engine
+    finally:
+        engine.stop()
+
+
+def _first_url() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def _program(i: int, seconds: float) -> str:
+    return f"import time\ntime.sleep({seconds})\nprint({i})\n"
+
+
+def test_two_engines_share_the_work_within_their_slots(second_engine, docker_available):
+    urls = [_first_url(), URL_B]
+    with EnginePool(urls, docker_available, slots=[1, 2], limits=TEST_LIMITS, timeout_s=60) as pool:
+        assert pool.environment.startswith(f"docker:{docker_available}@")
+        futures = [pool.submit(_program(i, 0.5)) for i in range(6)]
+        peak = dict.fromkeys(urls, 0)
+        while not all(f.done() for f in futures):
+            for url, n in pool.busy.items():
+                peak[url] = max(peak[url], n)
+            time.sleep(0.01)
+        results = [f.result() for f in futures]
+    assert [r.status for r in results] == ["ok"] * 6, [r.stderr for r in results]
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
+    assert sorted(pool.per_worker) == sorted(urls) and sum(pool.per_worker.values()) == 6
+    assert peak[urls[0]] <= 1 and peak[URL_B] <= 2, peak  # back-pressure: never over the slots
+    assert pool.stats["submitted"] == pool.stats["results"] == 6 and pool.stats["lost"] == 0
+
+
+def test_engine_killed_mid_batch_reruns_elsewhere_and_comes_back(second_engine, docker_available):
+    urls = [_first_url(), URL_B]
+    with EnginePool(urls, docker_available, slots=2, limits=TEST_LIMITS, timeout_s=60) as pool:
+        futures = [pool.submit(_program(i, 2.0)) for i in range(6)]
+        deadline = time.monotonic() + 60
+        while pool.busy[URL_B] < 2:
+            assert time.monotonic() < deadline, pool.busy
+            time.sleep(0.02)
+        time.sleep(0.5)  # both programs on the second engine are running
+        second_engine.kill()
+        results = [f.result(timeout=120) for f in futures]
+        assert [r.status for r in results] == ["ok"] * 6, [r.message for r in results]
+        assert sorted(r.stdout for r in results) == [f"{i}\n" for i in range(6)]
+        assert pool.stats["lost"] == 2 and pool.stats["retries"] == 2, pool.stats
+        assert pool.stats["submitted"] == pool.stats["results"] == 6
+        assert dict(pool.per_worker) == {urls[0]: 6}
+        assert pool.live_workers == [urls[0]]
+
+        second_engine.start()  # back: `refresh` probes it and gives it work again
+        pool.refresh()
+        assert sorted(pool.live_workers) == sorted(urls)
+        futures = [pool.submit(_program(10 + i, 0.5)) for i in range(4)]
+        assert [f.result(timeout=120).status for f in futures] == ["ok"] * 4
+        assert pool.per_worker[URL_B] >= 1
