@@ -1,40 +1,35 @@
-"""Tests for wmrl_jax.core.fusion against hand values and float64 numpy references."""
+"""Tests for wmrl_jax.core.fusion against hand values and float64 numpy references.
+
+Tests of the pure functions' values run jitted and not, through chex variants
+(`VariantsTest`, a `chex.TestCase` that pytest collects like any other test).
+"""
 
 import doctest
 import functools
 import math
 
+import chex
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wmrl_jax.core import fusion
 from wmrl_jax.core.fusion import (
     EmaVarianceState,
-    WelfordState,
     ema_variance,
     ema_variance_init,
     ema_variance_update,
     fusion_weight,
     inverse_variance_fuse,
-    welford_init,
-    welford_update,
-    welford_variance,
 )
 
 INF = math.inf
 NAN = math.nan
-
-jit_param = pytest.mark.parametrize("use_jit", [False, True], ids=["eager", "jit"])
-
-
-def maybe_jit(fn, use_jit, **static):
-    fn = functools.partial(fn, **static)
-    return jax.jit(fn) if use_jit else fn
 
 
 # ----------------------------------------------------------------------------
@@ -78,24 +73,6 @@ def random_broadcast_shapes(rng, num=4):
 
 # ----------------------------------------------------------------------------
 # inverse_variance_fuse: reference and properties.
-
-
-@jit_param
-@pytest.mark.parametrize("seed", range(6))
-def test_fuse_matches_reference_on_broadcast_shapes(seed, use_jit):
-    rng = np.random.default_rng(seed)
-    out_shape, (sa, sva, sb, svb) = random_broadcast_shapes(rng)
-    a = (10 * rng.standard_normal(sa)).astype(np.float32)
-    b = (10 * rng.standard_normal(sb)).astype(np.float32)
-    var_a = (10 ** rng.uniform(-6, 6, sva)).astype(np.float32)
-    var_b = (10 ** rng.uniform(-6, 6, svb)).astype(np.float32)
-    fused, fused_var = maybe_jit(inverse_variance_fuse, use_jit)(a, var_a, b, var_b)
-    ref, ref_var = ref_fuse(a, var_a, b, var_b)
-    assert fused.shape == fused_var.shape == out_shape
-    assert fused.dtype == fused_var.dtype == jnp.float32
-    # Weights carry a few float32 ulps; values are O(10).
-    np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(fused_var, ref_var, rtol=1e-5)
 
 
 finite_f32 = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False, width=32)
@@ -184,22 +161,7 @@ NAN_CASES = {
     "nan_value_finite_var": (NAN, 1.0, 2.0, 1.0, NAN, 0.5),
     "both_inf_both_nan": (NAN, INF, NAN, INF, NAN, INF),
 }
-
-
-@jit_param
-@pytest.mark.parametrize(
-    "case", {**EDGE_CASES, **NAN_CASES}.values(), ids=[*EDGE_CASES, *NAN_CASES]
-)
-def test_fuse_edge_cases(case, use_jit):
-    a, var_a, b, var_b, expected, expected_var = case
-    fused, fused_var = maybe_jit(inverse_variance_fuse, use_jit)(a, var_a, b, var_b)
-    np.testing.assert_allclose(fused, expected, rtol=1e-6)
-    np.testing.assert_allclose(fused_var, expected_var, rtol=1e-6)
-    # The same answer elementwise inside a batch.
-    batch = [np.array([x, 1.0], np.float32) for x in (a, var_a, b, var_b)]
-    fused_batch, var_batch = maybe_jit(inverse_variance_fuse, use_jit)(*batch)
-    np.testing.assert_allclose(fused_batch[0], expected, rtol=1e-6)
-    np.testing.assert_allclose(var_batch[0], expected_var, rtol=1e-6)
+ALL_CASES = {**EDGE_CASES, **NAN_CASES}
 
 
 @pytest.mark.parametrize("case_id", list(EDGE_CASES))
@@ -251,20 +213,6 @@ def test_fuse_gradients_at_single_zero_variance_are_one_sided():
     np.testing.assert_array_equal(grads, (0.0, 0.0, 1.0, 0.0))
 
 
-@jit_param
-def test_fusion_weight_edges_and_consistency(use_jit):
-    fn = maybe_jit(fusion_weight, use_jit)
-    var_a = np.array([1.0, 2.0, INF, 0.0, INF, 0.0, 5.0, 1e-40, -1.0], np.float32)
-    var_b = np.array([3.0, INF, 2.0, 2.0, INF, 0.0, 0.0, 1.0, 1.0], np.float32)
-    expected = [0.75, 1.0, 0.0, 1.0, 0.5, 0.5, 0.0, 1.0, 1.0]
-    np.testing.assert_allclose(fn(var_a, var_b), expected, rtol=1e-6)
-    a, b = np.float32(1.0), np.float32(5.0)
-    w = fn(var_a, var_b)
-    fused, _ = inverse_variance_fuse(a, var_a, b, var_b)
-    np.testing.assert_allclose(fused, w * a + (1 - w) * b, rtol=1e-6)
-    assert fn(np.ones((2, 1)), np.ones(3)).shape == (2, 3)
-
-
 def test_fuse_dtypes_and_broadcast():
     fused, fused_var = inverse_variance_fuse(1, 2, 3, 4)  # ints promote to float32
     assert fused.dtype == fused_var.dtype == jnp.float32
@@ -307,141 +255,13 @@ def test_fuse_errors():
         fusion_weight(np.ones(2), np.ones(5))
 
 
-# ----------------------------------------------------------------------------
-# Welford.
-
-
-@jit_param
-def test_welford_batch_matches_numpy(use_jit):
-    x = np.random.default_rng(1).normal(3.0, 2.0, size=(50, 3)).astype(np.float32)
-    state = maybe_jit(welford_update, use_jit)(welford_init((3,)), x)
-    assert isinstance(state, WelfordState)
-    assert int(state.count) == 50
-    np.testing.assert_allclose(state.mean, x.astype(np.float64).mean(0), rtol=1e-5)
-    var = maybe_jit(welford_variance, use_jit)(state)
-    np.testing.assert_allclose(var, x.astype(np.float64).var(0, ddof=1), rtol=1e-5)
-    np.testing.assert_allclose(
-        welford_variance(state, ddof=0), x.astype(np.float64).var(0), rtol=1e-5
-    )
-
-
-@jit_param
-def test_welford_incremental_masked_equals_one_shot(use_jit):
-    rng = np.random.default_rng(2)
-    # A large common offset: a naive sum of squares would lose all digits in float32.
-    batches = (1e4 + rng.standard_normal((6, 8, 2))).astype(np.float32)
-    masks = rng.random((6, 8)) < 0.6
-    batches[~masks] = np.nan  # masked-out samples must not poison the state
-    update = maybe_jit(welford_update, use_jit)
-    state = welford_init((2,))
-    for x, mask in zip(batches, masks, strict=True):
-        state = update(state, x, mask=mask)
-    valid = batches[masks].astype(np.float64)
-    assert int(state.count) == valid.shape[0]
-    np.testing.assert_allclose(state.mean, valid.mean(0), rtol=1e-6)
-    # Chan's pooled update keeps the centred form: float32 accuracy despite the offset.
-    np.testing.assert_allclose(welford_variance(state), valid.var(0, ddof=1), rtol=1e-3)
-    # One sample at a time gives the same result.
-    single = welford_init((2,))
-    for row in valid.astype(np.float32):
-        single = update(single, row[None])
-    np.testing.assert_allclose(welford_variance(single), welford_variance(state), rtol=1e-3)
-
-
-@jit_param
-def test_welford_too_few_samples(use_jit):
-    variance = maybe_jit(welford_variance, use_jit)
-    state = welford_init()
-    assert float(variance(state)) == INF  # unknown
-    assert float(maybe_jit(welford_variance, use_jit, default=0.25)(state)) == 0.25
-    state = welford_update(state, np.array([NAN, 4.0], np.float32), mask=np.array([False, True]))
-    assert float(variance(state)) == INF
-    assert float(maybe_jit(welford_variance, use_jit, ddof=0)(state)) == 0.0
-    np.testing.assert_allclose(state.mean, 4.0)
-    # An empty batch changes nothing.
-    empty = welford_update(state, np.zeros((3,), np.float32), mask=np.zeros(3, bool))
-    jax.tree.map(np.testing.assert_array_equal, empty, state)
-
-
-def test_welford_vmap_over_independent_states():
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((4, 10)).astype(np.float32) * np.arange(1, 5, dtype=np.float32)[:, None]
-    masks = rng.random((4, 10)) < 0.7
-    states = jax.vmap(lambda _: welford_init())(jnp.arange(4))
-    states = jax.jit(jax.vmap(lambda s, x, m: welford_update(s, x, mask=m)))(states, x, masks)
-    var = jax.vmap(welford_variance)(states)
-    expected = [np.var(row[m].astype(np.float64), ddof=1) for row, m in zip(x, masks, strict=True)]
-    np.testing.assert_allclose(var, expected, rtol=1e-5)
-
-
-def test_welford_errors():
-    with pytest.raises(ValueError, match=r"x must have shape \[N, \*\[3\]\]"):
-        welford_update(welford_init((3,)), np.zeros((5, 2)))
-    with pytest.raises(ValueError, match=r"x must have shape"):
-        welford_update(welford_init(), np.float32(1.0))  # a sample, not a batch
-    with pytest.raises(ValueError, match=r"mask must have shape \[5\]"):
-        welford_update(welford_init(), np.zeros(5), mask=np.ones(4, bool))
-    with pytest.raises(ValueError, match="ddof"):
-        welford_variance(welford_init(), ddof=-1)
-    with pytest.raises(ValueError, match="ddof"):
-        welford_variance(welford_init(), ddof=1.5)
-    with pytest.raises(ValueError, match="dtype must be floating"):
-        welford_init(dtype=jnp.int32)
-    with pytest.raises(ValueError, match="non-negative ints"):
-        welford_init((-1,))
-    assert welford_init(dtype=jnp.bfloat16).mean.dtype == jnp.float32
-
-
-# ----------------------------------------------------------------------------
-# Exponentially decayed variance.
-
-
-@jit_param
-@pytest.mark.parametrize("decay", [0.9, 0.5, 0.99])
-def test_ema_matches_float64_loop(decay, use_jit):
-    rng = np.random.default_rng(4)
-    batches = rng.normal(1.0, 3.0, size=(7, 5, 2)).astype(np.float32)
-    masks = rng.random((7, 5)) < 0.7
-    masks[0, :2] = True  # at least two samples
-    update = maybe_jit(ema_variance_update, use_jit, decay=decay)
-    state = ema_variance_init((2,))
-    for x, mask in zip(batches, masks, strict=True):
-        state = update(state, x, mask=mask)
-    assert isinstance(state, EmaVarianceState)
-    ref_mean, ref_var = ref_ema_variance(batches, masks, decay)
-    np.testing.assert_allclose(state.mean, ref_mean, rtol=1e-5)
-    np.testing.assert_allclose(maybe_jit(ema_variance, use_jit)(state), ref_var, rtol=1e-5)
-
-
-def test_ema_with_unit_decay_is_welford():
+def test_ema_with_unit_decay_is_the_sample_variance():
     x = np.random.default_rng(5).standard_normal((4, 6)).astype(np.float32)
-    ema, welford = ema_variance_init(), welford_init()
+    ema = ema_variance_init()
     for batch in x:
         ema = ema_variance_update(ema, batch, decay=1.0)
-        welford = welford_update(welford, batch)
-    np.testing.assert_allclose(ema_variance(ema), welford_variance(welford), rtol=1e-5)
-
-
-@jit_param
-def test_ema_unknown_until_two_effective_samples(use_jit):
-    variance = maybe_jit(ema_variance, use_jit)
-    update = maybe_jit(ema_variance_update, use_jit, decay=0.9)
-    state = ema_variance_init()
-    assert float(variance(state)) == INF
-    assert float(maybe_jit(ema_variance, use_jit, default=2.0)(state)) == 2.0
-    state = update(state, np.array([3.0, NAN], np.float32), mask=np.array([True, False]))
-    assert float(variance(state)) == INF  # one sample: a variance of 0 would claim "exact"
-    state = update(state, np.array([5.0], np.float32))
-    # Weights (0.9, 1): pop var = w1 w2 d² / W², n_eff = W² / (w1² + w2²).
-    w1, w2 = 0.9, 1.0
-    pop_var = w1 * w2 * 4.0 / (w1 + w2) ** 2
-    n_eff = (w1 + w2) ** 2 / (w1**2 + w2**2)
-    np.testing.assert_allclose(variance(state), pop_var * n_eff / (n_eff - 1), rtol=1e-6)
-    # decay = 0 forgets everything but the newest batch.
-    state = ema_variance_update(state, np.array([10.0], np.float32), decay=0.0)
-    assert float(variance(state)) == INF
-    state = ema_variance_update(state, np.array([1.0, 2.0, 6.0], np.float32), decay=0.0)
-    np.testing.assert_allclose(variance(state), np.var([1.0, 2.0, 6.0], ddof=1), rtol=1e-6)
+    np.testing.assert_allclose(ema.mean, x.astype(np.float64).mean(), rtol=1e-5)
+    np.testing.assert_allclose(ema_variance(ema), x.astype(np.float64).var(ddof=1), rtol=1e-5)
 
 
 def test_ema_empty_batch_and_traced_decay():
@@ -483,12 +303,107 @@ def test_ema_errors():
         ema_variance_update(ema_variance_init(), np.zeros(2), decay=1.5)
     with pytest.raises(ValueError, match=r"decay must lie in \[0, 1\]"):
         ema_variance_update(ema_variance_init(), np.zeros(2), decay=-0.1)
-    with pytest.raises(ValueError, match="x must have shape"):
+    # Shape errors too are ValueError (chex assertions raise AssertionError by default).
+    with pytest.raises(
+        ValueError, match=r"ema_variance_update: `x` must have shape \[N, \*\[2\]\]"
+    ):
         ema_variance_update(ema_variance_init((2,)), np.zeros((4, 3)), decay=0.9)
-    with pytest.raises(ValueError, match="mask must have shape"):
+    with pytest.raises(ValueError, match=r"ema_variance_update: `x` must have shape \[N, \*\[\]\]"):
+        ema_variance_update(
+            ema_variance_init(), np.float32(1.0), decay=0.9
+        )  # a sample, not a batch
+    with pytest.raises(ValueError, match="`mask` must have shape"):
         ema_variance_update(ema_variance_init(), np.zeros(4), decay=0.9, mask=np.ones((4, 1)))
     with pytest.raises(ValueError, match="dtype must be floating"):
         ema_variance_init(dtype=bool)
+
+
+# ----------------------------------------------------------------------------
+# Values, jitted and not.
+
+
+class VariantsTest(chex.TestCase):
+    """Every pure function's values, with and without `jax.jit` (chex variants)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*range(6))
+    def test_fuse_matches_reference_on_broadcast_shapes(self, seed):
+        rng = np.random.default_rng(seed)
+        out_shape, (sa, sva, sb, svb) = random_broadcast_shapes(rng)
+        a = (10 * rng.standard_normal(sa)).astype(np.float32)
+        b = (10 * rng.standard_normal(sb)).astype(np.float32)
+        var_a = (10 ** rng.uniform(-6, 6, sva)).astype(np.float32)
+        var_b = (10 ** rng.uniform(-6, 6, svb)).astype(np.float32)
+        fused, fused_var = self.variant(inverse_variance_fuse)(a, var_a, b, var_b)
+        ref, ref_var = ref_fuse(a, var_a, b, var_b)
+        assert fused.shape == fused_var.shape == out_shape
+        assert fused.dtype == fused_var.dtype == jnp.float32
+        # Weights carry a few float32 ulps; values are O(10).
+        np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fused_var, ref_var, rtol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(*((name, *case) for name, case in ALL_CASES.items()))
+    def test_fuse_edge_cases(self, a, var_a, b, var_b, expected, expected_var):
+        fuse = self.variant(inverse_variance_fuse)
+        fused, fused_var = fuse(a, var_a, b, var_b)
+        np.testing.assert_allclose(fused, expected, rtol=1e-6)
+        np.testing.assert_allclose(fused_var, expected_var, rtol=1e-6)
+        # The same answer elementwise inside a batch.
+        batch = [np.array([x, 1.0], np.float32) for x in (a, var_a, b, var_b)]
+        fused_batch, var_batch = fuse(*batch)
+        np.testing.assert_allclose(fused_batch[0], expected, rtol=1e-6)
+        np.testing.assert_allclose(var_batch[0], expected_var, rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_fusion_weight_edges_and_consistency(self):
+        fn = self.variant(fusion_weight)
+        var_a = np.array([1.0, 2.0, INF, 0.0, INF, 0.0, 5.0, 1e-40, -1.0], np.float32)
+        var_b = np.array([3.0, INF, 2.0, 2.0, INF, 0.0, 0.0, 1.0, 1.0], np.float32)
+        expected = [0.75, 1.0, 0.0, 1.0, 0.5, 0.5, 0.0, 1.0, 1.0]
+        np.testing.assert_allclose(fn(var_a, var_b), expected, rtol=1e-6)
+        a, b = np.float32(1.0), np.float32(5.0)
+        w = fn(var_a, var_b)
+        fused, _ = inverse_variance_fuse(a, var_a, b, var_b)
+        np.testing.assert_allclose(fused, w * a + (1 - w) * b, rtol=1e-6)
+        assert fn(np.ones((2, 1)), np.ones(3)).shape == (2, 3)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(0.9, 0.5, 0.99)
+    def test_ema_matches_float64_loop(self, decay):
+        rng = np.random.default_rng(4)
+        batches = rng.normal(1.0, 3.0, size=(7, 5, 2)).astype(np.float32)
+        masks = rng.random((7, 5)) < 0.7
+        masks[0, :2] = True  # at least two samples
+        update = self.variant(functools.partial(ema_variance_update, decay=decay))
+        state = ema_variance_init((2,))
+        for x, mask in zip(batches, masks, strict=True):
+            state = update(state, x, mask=mask)
+        assert isinstance(state, EmaVarianceState)
+        ref_mean, ref_var = ref_ema_variance(batches, masks, decay)
+        np.testing.assert_allclose(state.mean, ref_mean, rtol=1e-5)
+        np.testing.assert_allclose(self.variant(ema_variance)(state), ref_var, rtol=1e-5)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_ema_unknown_until_two_effective_samples(self):
+        variance = self.variant(ema_variance)
+        update = self.variant(functools.partial(ema_variance_update, decay=0.9))
+        state = ema_variance_init()
+        assert float(variance(state)) == INF
+        assert float(self.variant(functools.partial(ema_variance, default=2.0))(state)) == 2.0
+        state = update(state, np.array([3.0, NAN], np.float32), mask=np.array([True, False]))
+        assert float(variance(state)) == INF  # one sample: a variance of 0 would claim "exact"
+        state = update(state, np.array([5.0], np.float32))
+        # Weights (0.9, 1): pop var = w1 w2 d² / W², n_eff = W² / (w1² + w2²).
+        w1, w2 = 0.9, 1.0
+        pop_var = w1 * w2 * 4.0 / (w1 + w2) ** 2
+        n_eff = (w1 + w2) ** 2 / (w1**2 + w2**2)
+        np.testing.assert_allclose(variance(state), pop_var * n_eff / (n_eff - 1), rtol=1e-6)
+        # decay = 0 forgets everything but the newest batch.
+        state = ema_variance_update(state, np.array([10.0], np.float32), decay=0.0)
+        assert float(variance(state)) == INF
+        state = ema_variance_update(state, np.array([1.0, 2.0, 6.0], np.float32), decay=0.0)
+        np.testing.assert_allclose(variance(state), np.var([1.0, 2.0, 6.0], ddof=1), rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------
@@ -496,7 +411,7 @@ def test_ema_errors():
 
 
 def test_unknown_estimator_variance_ignores_source():
-    sigma2_real = welford_variance(welford_init())  # no replicates yet: inf
+    sigma2_real = ema_variance(ema_variance_init())  # no samples yet: inf
     fused, fused_var = inverse_variance_fuse(0.3, 0.01, NAN, sigma2_real)
     np.testing.assert_allclose((fused, fused_var), (0.3, 0.01), rtol=1e-6)
 

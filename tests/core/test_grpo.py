@@ -1,12 +1,18 @@
-"""Tests for wmrl_jax.core.grpo against hand-derived values and a float64 numpy reference."""
+"""Tests for wmrl_jax.core.grpo against hand-derived values and a float64 numpy reference.
+
+Tests of the pure functions' values run jitted and not, through chex variants
+(`VariantsTest`, a `chex.TestCase` that pytest collects like any other test).
+"""
 
 import doctest
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,21 +21,6 @@ from wmrl_jax.core import grpo
 # float32 arithmetic against a float64 reference.
 RTOL = 1e-5
 ATOL = 1e-6
-
-
-@functools.cache
-def _jitted(fn, static_items):
-    return jax.jit(functools.partial(fn, **dict(static_items)))
-
-
-def maybe_jit(fn, use_jit, **static):
-    """`fn` with static keywords bound, jitted or not; jitted versions are shared across tests."""
-    if use_jit:
-        return _jitted(fn, tuple(sorted(static.items())))
-    return functools.partial(fn, **static)
-
-
-jit_param = pytest.mark.parametrize("use_jit", [False, True], ids=["eager", "jit"])
 
 
 # ----------------------------------------------------------------------------
@@ -94,24 +85,6 @@ def random_batch(seed, b=4, t=6):
 # group_advantages
 
 
-@jit_param
-@pytest.mark.parametrize(
-    "mode, expected",
-    [
-        # mean 2.5, population std sqrt(1.25).
-        ("std", [-1.5 / 1.25**0.5, -0.5 / 1.25**0.5, 0.5 / 1.25**0.5, 1.5 / 1.25**0.5]),
-        ("mean", [-1.5, -0.5, 0.5, 1.5]),
-        # 1 - mean(2,3,4), 2 - mean(1,3,4), 3 - mean(1,2,4), 4 - mean(1,2,3).
-        ("loo", [-2.0, -2.0 / 3.0, 2.0 / 3.0, 2.0]),
-    ],
-)
-def test_group_advantages_hand_values(mode, expected, use_jit):
-    fn = maybe_jit(grpo.group_advantages, use_jit, mode=mode, eps=0.0)
-    adv = fn(jnp.array([1.0, 2.0, 3.0, 4.0]))
-    assert adv.dtype == jnp.float32
-    np.testing.assert_allclose(adv, expected, rtol=RTOL)
-
-
 def test_group_advantages_default_eps_is_in_the_denominator():
     adv = grpo.group_advantages(jnp.array([0.0, 2.0, 0.0, 2.0]))  # mean 1, std 1
     np.testing.assert_allclose(adv, np.array([-1.0, 1.0, -1.0, 1.0]) / (1.0 + 1e-6), rtol=1e-7)
@@ -137,20 +110,6 @@ def test_group_advantages_fewer_than_two_valid_members_is_zero(mode):
     np.testing.assert_array_equal(empty, np.zeros(4))
 
 
-@jit_param
-@pytest.mark.parametrize("mode", grpo.ADVANTAGE_MODES)
-def test_group_advantages_equal_rewards_exact_zeros_finite_grads(mode, use_jit):
-    # eps=0: the zero-variance guard must not rely on eps.
-    fn = maybe_jit(grpo.group_advantages, use_jit, mode=mode, eps=0.0)
-    jac_fn = jax.jit(jax.jacobian(functools.partial(grpo.group_advantages, mode=mode, eps=0.0)))
-    # sum(7 * [0.1]) / 7 != 0.1 in float32: a plain mean leaves ulp-sized residues,
-    # which "std" mode would blow up to O(1) advantages.
-    for value in [0.1, -3.7, 0.3, 1e6 + 0.1]:
-        rewards = jnp.full((7,), value, jnp.float32)
-        np.testing.assert_array_equal(fn(rewards), np.zeros(7))
-        assert np.all(np.isfinite(jac_fn(rewards)))
-
-
 @pytest.mark.parametrize("mode", grpo.ADVANTAGE_MODES)
 def test_group_advantages_vmap_over_groups(mode):
     rng = np.random.default_rng(0)
@@ -169,6 +128,12 @@ def test_group_advantages_vmap_over_groups(mode):
 _MAX_GROUP = 9
 
 
+@functools.cache
+def _jitted_advantages(mode):
+    """One compiled function per mode, shared by every hypothesis example."""
+    return jax.jit(functools.partial(grpo.group_advantages, mode=mode))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rewards=st.lists(
@@ -184,7 +149,7 @@ def test_group_advantages_matches_reference_with_ties(rewards, mask_bits, mode):
     mask[len(rewards) :] = False
     padded = np.full(_MAX_GROUP, np.nan, np.float32)
     padded[: len(rewards)] = rewards
-    adv = maybe_jit(grpo.group_advantages, True, mode=mode)(padded, mask=mask)
+    adv = _jitted_advantages(mode)(padded, mask=mask)
     expected = ref_group_advantages(np.nan_to_num(padded), mode, mask=mask)
     np.testing.assert_allclose(adv, expected, rtol=RTOL, atol=1e-5)
 
@@ -196,35 +161,6 @@ def test_group_advantages_float32_for_low_precision_input():
 
 # ----------------------------------------------------------------------------
 # importance ratio and clipped surrogate
-
-
-@jit_param
-def test_importance_ratio(use_jit):
-    fn = maybe_jit(grpo.importance_ratio, use_jit)
-    logp, old_logp, *_ = random_batch(1)
-    ratio = fn(logp.astype(jnp.bfloat16), old_logp)
-    assert ratio.dtype == jnp.float32
-    np.testing.assert_allclose(fn(logp, old_logp), np.exp(np.float64(logp) - old_logp), rtol=RTOL)
-
-
-@jit_param
-@pytest.mark.parametrize(
-    "ratio, adv, expected_loss, expected_clipped",
-    [
-        (1.5, 1.0, -1.2, True),  # above 1 + 0.2, positive advantage: capped at 1.2
-        (1.5, -1.0, 1.5, False),  # above, negative advantage: unclipped branch is the min
-        (0.5, 1.0, -0.5, False),  # below 1 - 0.2, positive advantage: unclipped
-        (0.5, -1.0, 0.8, True),  # below, negative advantage: floored at 0.8
-        (1.1, 2.0, -2.2, False),  # inside the range
-        (1.5, 0.0, 0.0, False),  # zero advantage is never "clipped"
-    ],
-)
-def test_clipped_surrogate_hand_values(ratio, adv, expected_loss, expected_clipped, use_jit):
-    fn = maybe_jit(grpo.clipped_surrogate, use_jit, clip_low=0.2)
-    loss, out_ratio, clipped = fn(jnp.log(jnp.array([ratio])), jnp.zeros(1), jnp.array([adv]))
-    np.testing.assert_allclose(loss, [expected_loss], rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(out_ratio, [ratio], rtol=RTOL)
-    assert clipped.tolist() == [expected_clipped]
 
 
 def test_clip_higher_is_asymmetric():
@@ -242,47 +178,10 @@ def test_clip_higher_is_asymmetric():
     assert dapo_clipped.tolist() == [False, False, True, True]
 
 
-@jit_param
-@pytest.mark.parametrize("adv_shape", ["per_seq", "per_token", "scalar"])
-def test_clipped_surrogate_matches_reference(adv_shape, use_jit):
-    fn = maybe_jit(grpo.clipped_surrogate, use_jit, clip_low=0.2, clip_high=0.3)
-    grad_fn = jax.jit(
-        jax.grad(lambda lp, old, a: jnp.sum(grpo.clipped_surrogate(lp, old, a, clip_high=0.3)[0]))
-    )
-    for seed in range(3):
-        logp, old_logp, _, adv, _ = random_batch(seed)
-        adv = {
-            "per_seq": adv[:, None],
-            "per_token": np.random.default_rng(seed).normal(size=logp.shape),
-            "scalar": np.float32(0.7),
-        }[adv_shape]
-        loss, ratio, clipped = fn(logp, old_logp, adv)
-        expected_loss, expected_ratio = ref_surrogate(logp, old_logp, adv, 0.2, 0.3)
-        np.testing.assert_allclose(loss, expected_loss, rtol=RTOL, atol=ATOL)
-        np.testing.assert_allclose(ratio, expected_ratio, rtol=RTOL)
-        # The clipped branch is active exactly where the per-token gradient is zero.
-        grad = np.asarray(grad_fn(logp, old_logp, adv))
-        clipped = np.asarray(clipped)
-        np.testing.assert_array_equal(grad[clipped], 0.0)
-        expected_grad = -expected_ratio * np.broadcast_to(adv, logp.shape)
-        np.testing.assert_allclose(grad[~clipped], expected_grad[~clipped], rtol=1e-4, atol=ATOL)
-
-
 # ----------------------------------------------------------------------------
 # KL estimators
 
 KL_FUNCTIONS = {"k1": grpo.kl_k1, "k2": grpo.kl_k2, "k3": grpo.kl_k3}
-
-
-@jit_param
-@pytest.mark.parametrize("estimator", grpo.KL_ESTIMATORS)
-def test_kl_estimators_match_reference_and_vanish_at_equality(estimator, use_jit):
-    fn = maybe_jit(KL_FUNCTIONS[estimator], use_jit)
-    logp, _, ref_logp, *_ = random_batch(3)
-    np.testing.assert_allclose(
-        fn(logp, ref_logp), ref_kl(logp, ref_logp, estimator), rtol=1e-4, atol=1e-6
-    )
-    np.testing.assert_array_equal(fn(logp, logp), np.zeros_like(logp))
 
 
 def test_kl_hand_values():
@@ -352,29 +251,6 @@ def test_expected_kl_gradients_on_exact_categorical():
 # aggregate
 
 
-@jit_param
-def test_aggregate_hand_values(use_jit):
-    values = jnp.array([[1.0, 3.0, 100.0], [5.0, 100.0, 100.0], [100.0, 100.0, 100.0]])
-    mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], bool)
-
-    def agg(mode, **kw):
-        return float(maybe_jit(grpo.aggregate, use_jit, mode=mode, **kw)(values, mask))
-
-    assert agg("token_mean") == pytest.approx(3.0)  # (1 + 3 + 5) / 3
-    assert agg("seq_mean_token_mean") == pytest.approx(3.5)  # mean(2, 5), empty row skipped
-    assert agg("seq_sum_norm", norm_constant=4.0) == pytest.approx(9.0 / 12.0)  # 9 / (3 * 4)
-
-
-@jit_param
-@pytest.mark.parametrize("mode", grpo.AGGREGATION_MODES)
-def test_aggregate_matches_reference(mode, use_jit):
-    kw = {"norm_constant": 6.0} if mode == "seq_sum_norm" else {}
-    fn = maybe_jit(grpo.aggregate, use_jit, mode=mode, **kw)
-    for seed in range(3):
-        logp, _, _, _, mask = random_batch(seed)
-        np.testing.assert_allclose(fn(logp, mask), ref_aggregate(logp, mask, mode, 6.0), rtol=RTOL)
-
-
 @pytest.mark.parametrize("mode", grpo.AGGREGATION_MODES)
 def test_aggregate_empty_mask_and_nan_padding(mode):
     kw = {"norm_constant": 3.0} if mode == "seq_sum_norm" else {}
@@ -409,37 +285,6 @@ def ref_grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_low, clip_high, kl_c
         "adv_mean": np.broadcast_to(adv[:, None], mask.shape)[mask].mean(),
     }
     return loss, metrics
-
-
-@jit_param
-@pytest.mark.parametrize(
-    "estimator, aggregation",
-    [("k3", "token_mean"), ("k1", "seq_mean_token_mean"), ("k2", "seq_sum_norm")],
-)
-def test_grpo_loss_matches_reference(estimator, aggregation, use_jit):
-    logp, old_logp, ref_logp, adv, mask = random_batch(7)
-    kw = dict(
-        clip_low=0.2,
-        clip_high=0.28,
-        kl_coef=0.05,
-        kl_estimator=estimator,
-        aggregation=aggregation,
-        norm_constant=6.0,
-    )
-    loss, metrics = maybe_jit(grpo.grpo_loss, use_jit, **kw)(logp, old_logp, ref_logp, adv, mask)
-    expected_loss, expected_metrics = ref_grpo_loss(
-        logp, old_logp, ref_logp, adv, mask, 0.2, 0.28, 0.05, estimator, aggregation
-    )
-    np.testing.assert_allclose(loss, expected_loss, rtol=RTOL, atol=ATOL)
-    assert set(metrics) == set(expected_metrics)
-    for name, value in metrics.items():
-        assert value.shape == () and value.dtype == jnp.float32, name
-        np.testing.assert_allclose(
-            value, expected_metrics[name], rtol=RTOL, atol=ATOL, err_msg=name
-        )
-    assert 0.0 < float(metrics["clip_frac"]) < 1.0  # the random batch exercises both branches
-    if aggregation == "token_mean":
-        np.testing.assert_allclose(loss, metrics["pg_loss"] + 0.05 * metrics["kl"], rtol=RTOL)
 
 
 def test_grpo_loss_equal_rewards_pipeline_has_finite_grads():
@@ -510,6 +355,165 @@ def test_no_recompilation_on_new_values():
 
 
 # ----------------------------------------------------------------------------
+# Values, jitted and not.
+
+
+class VariantsTest(chex.TestCase):
+    """Every pure function's values, with and without `jax.jit` (chex variants)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(
+        # mean 2.5, population std sqrt(1.25).
+        ("std", "std", [-1.5 / 1.25**0.5, -0.5 / 1.25**0.5, 0.5 / 1.25**0.5, 1.5 / 1.25**0.5]),
+        ("mean", "mean", [-1.5, -0.5, 0.5, 1.5]),
+        # 1 - mean(2,3,4), 2 - mean(1,3,4), 3 - mean(1,2,4), 4 - mean(1,2,3).
+        ("loo", "loo", [-2.0, -2.0 / 3.0, 2.0 / 3.0, 2.0]),
+    )
+    def test_group_advantages_hand_values(self, mode, expected):
+        fn = self.variant(functools.partial(grpo.group_advantages, mode=mode, eps=0.0))
+        adv = fn(jnp.array([1.0, 2.0, 3.0, 4.0]))
+        assert adv.dtype == jnp.float32
+        np.testing.assert_allclose(adv, expected, rtol=RTOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*grpo.ADVANTAGE_MODES)
+    def test_group_advantages_equal_rewards_exact_zeros_finite_grads(self, mode):
+        # eps=0: the zero-variance guard must not rely on eps.
+        advantages = functools.partial(grpo.group_advantages, mode=mode, eps=0.0)
+        fn, jac_fn = self.variant(advantages), self.variant(jax.jacobian(advantages))
+        # sum(7 * [0.1]) / 7 != 0.1 in float32: a plain mean leaves ulp-sized residues,
+        # which "std" mode would blow up to O(1) advantages.
+        for value in [0.1, -3.7, 0.3, 1e6 + 0.1]:
+            rewards = jnp.full((7,), value, jnp.float32)
+            np.testing.assert_array_equal(fn(rewards), np.zeros(7))
+            assert np.all(np.isfinite(jac_fn(rewards)))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_importance_ratio(self):
+        fn = self.variant(grpo.importance_ratio)
+        logp, old_logp, *_ = random_batch(1)
+        ratio = fn(logp.astype(jnp.bfloat16), old_logp)
+        assert ratio.dtype == jnp.float32
+        np.testing.assert_allclose(
+            fn(logp, old_logp), np.exp(np.float64(logp) - old_logp), rtol=RTOL
+        )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(
+        # Above 1 + 0.2, positive advantage: capped at 1.2.
+        ("above_positive", 1.5, 1.0, -1.2, True),
+        # Above, negative advantage: the unclipped branch is the min.
+        ("above_negative", 1.5, -1.0, 1.5, False),
+        # Below 1 - 0.2, positive advantage: unclipped.
+        ("below_positive", 0.5, 1.0, -0.5, False),
+        # Below, negative advantage: floored at 0.8.
+        ("below_negative", 0.5, -1.0, 0.8, True),
+        ("inside", 1.1, 2.0, -2.2, False),
+        ("zero_advantage", 1.5, 0.0, 0.0, False),  # never "clipped"
+    )
+    def test_clipped_surrogate_hand_values(self, ratio, adv, expected_loss, expected_clipped):
+        fn = self.variant(functools.partial(grpo.clipped_surrogate, clip_low=0.2))
+        loss, out_ratio, clipped = fn(jnp.log(jnp.array([ratio])), jnp.zeros(1), jnp.array([adv]))
+        np.testing.assert_allclose(loss, [expected_loss], rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(out_ratio, [ratio], rtol=RTOL)
+        assert clipped.tolist() == [expected_clipped]
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters("per_seq", "per_token", "scalar")
+    def test_clipped_surrogate_matches_reference(self, adv_shape):
+        fn = self.variant(functools.partial(grpo.clipped_surrogate, clip_low=0.2, clip_high=0.3))
+        grad_fn = self.variant(
+            jax.grad(
+                lambda lp, old, a: jnp.sum(grpo.clipped_surrogate(lp, old, a, clip_high=0.3)[0])
+            )
+        )
+        for seed in range(3):
+            logp, old_logp, _, adv, _ = random_batch(seed)
+            adv = {
+                "per_seq": adv[:, None],
+                "per_token": np.random.default_rng(seed).normal(size=logp.shape),
+                "scalar": np.float32(0.7),
+            }[adv_shape]
+            loss, ratio, clipped = fn(logp, old_logp, adv)
+            expected_loss, expected_ratio = ref_surrogate(logp, old_logp, adv, 0.2, 0.3)
+            np.testing.assert_allclose(loss, expected_loss, rtol=RTOL, atol=ATOL)
+            np.testing.assert_allclose(ratio, expected_ratio, rtol=RTOL)
+            # The clipped branch is active exactly where the per-token gradient is zero.
+            grad = np.asarray(grad_fn(logp, old_logp, adv))
+            clipped = np.asarray(clipped)
+            np.testing.assert_array_equal(grad[clipped], 0.0)
+            expected_grad = -expected_ratio * np.broadcast_to(adv, logp.shape)
+            np.testing.assert_allclose(
+                grad[~clipped], expected_grad[~clipped], rtol=1e-4, atol=ATOL
+            )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*grpo.KL_ESTIMATORS)
+    def test_kl_estimators_match_reference_and_vanish_at_equality(self, estimator):
+        fn = self.variant(KL_FUNCTIONS[estimator])
+        logp, _, ref_logp, *_ = random_batch(3)
+        np.testing.assert_allclose(
+            fn(logp, ref_logp), ref_kl(logp, ref_logp, estimator), rtol=1e-4, atol=1e-6
+        )
+        np.testing.assert_array_equal(fn(logp, logp), np.zeros_like(logp))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_aggregate_hand_values(self):
+        values = jnp.array([[1.0, 3.0, 100.0], [5.0, 100.0, 100.0], [100.0, 100.0, 100.0]])
+        mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], bool)
+
+        def agg(mode, **kw):
+            return float(
+                self.variant(functools.partial(grpo.aggregate, mode=mode, **kw))(values, mask)
+            )
+
+        assert agg("token_mean") == pytest.approx(3.0)  # (1 + 3 + 5) / 3
+        assert agg("seq_mean_token_mean") == pytest.approx(3.5)  # mean(2, 5), empty row skipped
+        assert agg("seq_sum_norm", norm_constant=4.0) == pytest.approx(9.0 / 12.0)  # 9 / (3 * 4)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*grpo.AGGREGATION_MODES)
+    def test_aggregate_matches_reference(self, mode):
+        kw = {"norm_constant": 6.0} if mode == "seq_sum_norm" else {}
+        fn = self.variant(functools.partial(grpo.aggregate, mode=mode, **kw))
+        for seed in range(3):
+            logp, _, _, _, mask = random_batch(seed)
+            np.testing.assert_allclose(
+                fn(logp, mask), ref_aggregate(logp, mask, mode, 6.0), rtol=RTOL
+            )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(
+        ("k3", "token_mean"), ("k1", "seq_mean_token_mean"), ("k2", "seq_sum_norm")
+    )
+    def test_grpo_loss_matches_reference(self, estimator, aggregation):
+        logp, old_logp, ref_logp, adv, mask = random_batch(7)
+        loss_fn = functools.partial(
+            grpo.grpo_loss,
+            clip_low=0.2,
+            clip_high=0.28,
+            kl_coef=0.05,
+            kl_estimator=estimator,
+            aggregation=aggregation,
+            norm_constant=6.0,
+        )
+        loss, metrics = self.variant(loss_fn)(logp, old_logp, ref_logp, adv, mask)
+        expected_loss, expected_metrics = ref_grpo_loss(
+            logp, old_logp, ref_logp, adv, mask, 0.2, 0.28, 0.05, estimator, aggregation
+        )
+        np.testing.assert_allclose(loss, expected_loss, rtol=RTOL, atol=ATOL)
+        assert set(metrics) == set(expected_metrics)
+        for name, value in metrics.items():
+            assert value.shape == () and value.dtype == jnp.float32, name
+            np.testing.assert_allclose(
+                value, expected_metrics[name], rtol=RTOL, atol=ATOL, err_msg=name
+            )
+        assert 0.0 < float(metrics["clip_frac"]) < 1.0  # the random batch exercises both branches
+        if aggregation == "token_mean":
+            np.testing.assert_allclose(loss, metrics["pg_loss"] + 0.05 * metrics["kl"], rtol=RTOL)
+
+
+# ----------------------------------------------------------------------------
 # error paths and docstring examples
 
 _V = jnp.zeros((2, 3))
@@ -519,26 +523,32 @@ _M = jnp.ones((2, 3), bool)
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: grpo.group_advantages(jnp.zeros((2, 3))), "rank 1"),
-        (lambda: grpo.group_advantages(jnp.zeros(0)), "at least one"),
+        (lambda: grpo.group_advantages(jnp.zeros((2, 3))), "`rewards` is one group"),
+        (lambda: grpo.group_advantages(jnp.zeros(0)), "`rewards` needs at least one"),
         (lambda: grpo.group_advantages(jnp.zeros(3), mode="median"), "Unknown advantage mode"),
         (lambda: grpo.group_advantages(jnp.zeros(3), eps=-1.0), "eps"),
-        (lambda: grpo.group_advantages(jnp.zeros(3), mask=jnp.ones(4, bool)), "same shape"),
-        (lambda: grpo.importance_ratio(jnp.zeros(3), jnp.zeros(4)), "same shape"),
-        (lambda: grpo.clipped_surrogate(_V, _V, jnp.zeros(2)), "do not broadcast"),
+        (
+            lambda: grpo.group_advantages(jnp.zeros(3), mask=jnp.ones(4, bool)),
+            "`rewards` and `mask`",
+        ),
+        (lambda: grpo.importance_ratio(jnp.zeros(3), jnp.zeros(4)), "`logp` and `old_logp`"),
+        (lambda: grpo.clipped_surrogate(_V, _V, jnp.zeros(2)), "`advantages` must broadcast"),
         (lambda: grpo.clipped_surrogate(_V, _V, jnp.zeros((2, 1)), clip_low=1.5), "clip_low"),
         (lambda: grpo.clipped_surrogate(_V, _V, 1.0, clip_high=-0.1), "clip_high"),
-        (lambda: grpo.kl_k3(jnp.zeros(3), jnp.zeros((3, 1))), "same shape"),
-        (lambda: grpo.aggregate(jnp.zeros(3), jnp.ones(3, bool)), "rank 2"),
-        (lambda: grpo.aggregate(_V, jnp.ones((3, 2), bool)), "same shape"),
+        (lambda: grpo.kl_k3(jnp.zeros(3), jnp.zeros((3, 1))), "kl_k3: `logp` and `ref_logp`"),
+        (lambda: grpo.aggregate(jnp.zeros(3), jnp.ones(3, bool)), r"`values` is \[B, T\]"),
+        (lambda: grpo.aggregate(_V, jnp.ones((3, 2), bool)), "`values` and `mask`"),
         (lambda: grpo.aggregate(_V, _M, mode="sum"), "Unknown aggregation mode"),
         (lambda: grpo.aggregate(_V, _M, mode="seq_sum_norm"), "requires norm_constant"),
         (lambda: grpo.aggregate(_V, _M, mode="seq_sum_norm", norm_constant=0), "positive"),
-        (lambda: grpo.grpo_loss(jnp.zeros(3), jnp.zeros(3), None, 0.0, _M), "rank 2"),
-        (lambda: grpo.grpo_loss(_V, _V, None, jnp.zeros(3), _M), "advantages must have"),
-        (lambda: grpo.grpo_loss(_V, _V, None, jnp.zeros((2, 1)), _M), "advantages must have"),
-        (lambda: grpo.grpo_loss(_V, jnp.zeros((2, 4)), None, jnp.zeros(2), _M), "same shape"),
-        (lambda: grpo.grpo_loss(_V, _V, _V, jnp.zeros(2), _M[:1]), "same shape"),
+        (lambda: grpo.grpo_loss(jnp.zeros(3), jnp.zeros(3), None, 0.0, _M), r"`logp` is \[B, T\]"),
+        (lambda: grpo.grpo_loss(_V, _V, None, jnp.zeros(3), _M), r"`advantages` is \[B\]"),
+        (lambda: grpo.grpo_loss(_V, _V, None, jnp.zeros((2, 1)), _M), r"`advantages` is \[B\]"),
+        (
+            lambda: grpo.grpo_loss(_V, jnp.zeros((2, 4)), None, jnp.zeros(2), _M),
+            "`old_logp` and `mask`",
+        ),
+        (lambda: grpo.grpo_loss(_V, _V, _V, jnp.zeros(2), _M[:1]), "`old_logp` and `mask`"),
         (lambda: grpo.grpo_loss(_V, _V, None, jnp.zeros(2), _M, kl_coef=0.1), "ref_logp"),
         (lambda: grpo.grpo_loss(_V, _V, _V, jnp.zeros(2), _M, kl_estimator="k4"), "kl_estimator"),
         (
@@ -548,6 +558,7 @@ _M = jnp.ones((2, 3), bool)
     ],
 )
 def test_errors(call, message):
+    # Shape errors too are ValueError (chex assertions raise AssertionError by default).
     with pytest.raises(ValueError, match=message):
         call()
 

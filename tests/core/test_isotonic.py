@@ -587,18 +587,21 @@ def batched_fit():
     [
         (lambda b: isotonic_fit(jnp.zeros((2, 3)), jnp.zeros((2, 3)), backend=b), r"shape \[n\]"),
         (lambda b: isotonic_fit(jnp.float32(1.0), jnp.float32(1.0), backend=b), r"shape \[n\]"),
-        (lambda b: isotonic_fit(jnp.zeros(3), jnp.zeros(4), backend=b), r"\(3,\) and \(4,\)"),
-        (lambda b: isotonic_fit(jnp.zeros(3), jnp.zeros((3, 1)), backend=b), r"shape \[n\]"),
+        (
+            lambda b: isotonic_fit(jnp.zeros(3), jnp.zeros(4), backend=b),
+            r"\(3,\), \(4,\).*`x` and `y`",
+        ),
+        (lambda b: isotonic_fit(jnp.zeros(3), jnp.zeros((3, 1)), backend=b), "`x` and `y`"),
         (lambda b: isotonic_fit(jnp.zeros(0), jnp.zeros(0), backend=b), "at least one slot"),
         (
             lambda b: isotonic_fit(jnp.zeros(3), jnp.zeros(3), weights=jnp.ones(2), backend=b),
-            r"weights must have shape \(3,\), got \(2,\)",
+            r"shape \(2,\) but expected \(3\).*`weights` must have the shape \[n\] of `x`",
         ),
         (
             lambda b: isotonic_fit(
                 jnp.zeros(3), jnp.zeros(3), mask=jnp.ones((1, 3), bool), backend=b
             ),
-            r"mask must have shape \(3,\), got \(1, 3\)",
+            r"shape \(1, 3\) but expected \(3\).*`mask` must have the shape \[n\] of `x`",
         ),
         (lambda b: isotonic_predict(batched_fit(), jnp.zeros(2), backend=b), "jax.vmap"),
         (
@@ -628,6 +631,7 @@ def batched_fit():
     ],
 )
 def test_shape_errors(backend, call, message):
+    # ValueError, though checked by chex assertions (which raise AssertionError by default).
     with pytest.raises(ValueError, match=message):
         call(backend)
 

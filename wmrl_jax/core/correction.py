@@ -41,6 +41,10 @@ near zero) and is counted in the diagnostics.
 The ablation arms of the paper are switches: ``debias`` (isotonic map on/off)
 and ``ivd`` (fusion on/off; when off, real scores replace predictions where
 they exist if ``use_real``, otherwise they are ignored).
+
+Bad input raises ``ValueError``: inconsistent array shapes in `update` (chex
+assertions, static and free under `jax.jit`) and invalid settings in
+`make_reward_correction`.
 """
 
 from __future__ import annotations
@@ -48,12 +52,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
 from wmrl_jax.core import fusion, isotonic
 
 _WM_VAR_MODES = ("global", "per_sample")
+
+# chex raises AssertionError by default; a wrong shape is bad input like any other.
+_BAD_INPUT = {"exception_type": ValueError}
 
 
 class CorrectionState(NamedTuple):
@@ -144,7 +152,17 @@ def rank_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.where(ok, jnp.sum(dx * dy) / jnp.where(ok, denom, 1), jnp.nan)
 
 
-def _append(state, pred, real, new, capacity, decay):
+class _Buffer(NamedTuple):
+    """The anchor ring buffer's fields of `CorrectionState`."""
+
+    pred: jax.Array
+    real: jax.Array
+    weight: jax.Array
+    valid: jax.Array
+    next_slot: jax.Array
+
+
+def _append(state, pred, real, new, capacity, decay) -> _Buffer:
     """Writes the pairs marked by `new` into the ring buffer (last ones win)."""
     n_new = jnp.sum(new, dtype=jnp.int32)
     rank = jnp.cumsum(new, dtype=jnp.int32) - 1
@@ -152,13 +170,161 @@ def _append(state, pred, real, new, capacity, decay):
     slot = jnp.where(keep, (state.next_slot + rank - jnp.maximum(n_new - capacity, 0)), 0)
     slot = jnp.where(keep, slot % capacity, capacity)  # Out of range = dropped.
     weight = state.weight * decay
-    return (
+    return _Buffer(
         state.pred.at[slot].set(pred, mode="drop"),
         state.real.at[slot].set(real, mode="drop"),
         weight.at[slot].set(1.0, mode="drop"),
         state.valid.at[slot].set(True, mode="drop"),
         (state.next_slot + jnp.minimum(n_new, capacity)) % capacity,
     )
+
+
+def _check_update_shapes(pred_mean, pred_var, real, anchor_mask, real_replicate) -> None:
+    named = {"pred_var": pred_var, "real": real, "anchor_mask": anchor_mask}
+    if real_replicate is not None:
+        named["real_replicate"] = real_replicate
+    others = "`, `".join(named)
+    message = f"correction update: `pred_mean` must have shape [N], and `{others}` the same shape"
+    chex.assert_rank(pred_mean, 1, custom_message=message, **_BAD_INPUT)
+    chex.assert_equal_shape([pred_mean, *named.values()], custom_message=message, **_BAD_INPUT)
+
+
+class _RealScores(NamedTuple):
+    """Real scores with replicates folded in, and the σ²_real estimate."""
+
+    real: jax.Array  # [N], the replicate mean where a pair exists.
+    var_real: jax.Array  # [N], σ²_real / the number of executions averaged.
+    sigma2_real: jax.Array  # scalar
+    replicate_sq: jax.Array  # scalar, updated state field.
+    replicate_count: jax.Array  # scalar, updated state field.
+
+
+def _real_scores(state, real, has_real, real_replicate, *, prior, prior_count) -> _RealScores:
+    """σ²_real from replicate pairs, `(r_1 - r_2)^2 / 2` each, shrunk towards `prior`.
+
+    Args:
+      state: the `CorrectionState` holding the replicate sums so far.
+      real: real rewards of shape [N], float32.
+      has_real: bool of shape [N], where `real` is a usable execution.
+      real_replicate: None, or a second score of shape [N] (NaN where absent).
+      prior: the prior σ²_real.
+      prior_count: its pseudo-count against replicate pairs.
+    """
+    replicate_sq, replicate_count = state.replicate_sq, state.replicate_count
+    n_real = has_real.astype(jnp.float32)
+    if real_replicate is not None:
+        rep = jnp.asarray(real_replicate, jnp.float32)
+        pair = has_real & jnp.isfinite(rep)
+        replicate_sq += jnp.sum(jnp.where(pair, 0.5 * (real - rep) ** 2, 0))
+        replicate_count += jnp.sum(pair, dtype=jnp.float32)
+        real = jnp.where(pair, 0.5 * (real + rep), real)
+        n_real = n_real + pair
+    sigma2_real = (replicate_sq + prior_count * prior) / (replicate_count + prior_count)
+    var_real = sigma2_real / jnp.maximum(n_real, 1)
+    return _RealScores(real, var_real, sigma2_real, replicate_sq, replicate_count)
+
+
+class _WmVariance(NamedTuple):
+    """σ²_wm from out-of-sample residuals, per sample and as a scalar."""
+
+    var_wm: jax.Array  # [N]; inf where the prediction is unusable.
+    sigma2_wm: jax.Array  # scalar, floored at `min_wm_var`.
+    resid_var: jax.Array  # scalar, the variance of `r - g(r̂)` (σ²_wm + σ²_real).
+    resid: fusion.EmaVarianceState  # updated state field.
+    pred_var_stats: fusion.EmaVarianceState  # updated state field.
+
+
+def _wm_variance(
+    state,
+    resid,
+    resid_mask,
+    pred_var,
+    anchors,
+    usable_pred,
+    sigma2_real,
+    *,
+    var_decay,
+    min_wm_var,
+    per_sample,
+) -> _WmVariance:
+    """Folds this step's residuals into the decayed estimates and derives σ²_wm.
+
+    Args:
+      state: the `CorrectionState` holding the residual and WM-variance estimates.
+      resid: out-of-sample residuals `r - g(r̂)` of shape [N], read where
+        `resid_mask` holds.
+      resid_mask: bool of shape [N].
+      pred_var: the WM's own variances of shape [N].
+      anchors: bool of shape [N], usable prediction and real score.
+      usable_pred: bool of shape [N].
+      sigma2_real: scalar σ²_real, subtracted from the residual variance.
+      var_decay: per-sample decay of both estimates.
+      min_wm_var: floor of σ²_wm.
+      per_sample: scale σ²_wm by `pred_var / E_anchors[pred_var]`.
+    """
+    resid_stats = fusion.ema_variance_update(state.resid, resid, decay=var_decay, mask=resid_mask)
+    pred_var_stats = fusion.ema_variance_update(
+        state.pred_var, pred_var, decay=var_decay, mask=anchors & jnp.isfinite(pred_var)
+    )
+    resid_var = fusion.ema_variance(resid_stats)
+    sigma2_wm = jnp.maximum(resid_var - sigma2_real, min_wm_var)
+    if per_sample:
+        scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
+        # Floored per sample too: a WM that claims certainty (variance 0)
+        # must not be trusted as exact.
+        var_wm = jnp.maximum(sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0), min_wm_var)
+    else:
+        var_wm = jnp.broadcast_to(sigma2_wm, pred_var.shape)
+    var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
+    return _WmVariance(var_wm, sigma2_wm, resid_var, resid_stats, pred_var_stats)
+
+
+def _rewards(
+    debiased, var_wm, real, var_real, usable_pred, has_real, fallback, *, ivd, use_real
+) -> tuple[jax.Array, jax.Array]:
+    """The rewards r* of shape [N] and the weight on the WM in each, of shape [N].
+
+    With `ivd`, debiased predictions and real scores are fused by inverse
+    variance where both exist; without it a real score replaces the prediction
+    (if `use_real`). A sample with neither gets `fallback`.
+    """
+    if ivd:
+        var_real = jnp.where(has_real, var_real, jnp.inf)
+        fused, _ = fusion.inverse_variance_fuse(
+            jnp.where(usable_pred, debiased, 0.0), var_wm, jnp.where(has_real, real, 0.0), var_real
+        )
+        weight_wm = fusion.fusion_weight(var_wm, var_real)
+        return jnp.where(usable_pred | has_real, fused, fallback), weight_wm
+    replace = has_real & use_real
+    weight_wm = jnp.where(replace, 0.0, 1.0)
+    rewards = jnp.where(replace, real, debiased)
+    return jnp.where(usable_pred | replace, rewards, fallback), weight_wm
+
+
+def _diagnostics(
+    state, pred_mean, real, prev, masks, had_map, wm: _WmVariance, scores: _RealScores, weight_wm
+) -> dict[str, jax.Array]:
+    """Float32 scalars describing one update; `state` is the updated one.
+
+    `masks` is `(usable_pred, has_real, anchors)`, each bool of shape [N];
+    `prev` is the previous map applied to `pred_mean` (out of sample).
+    """
+    usable_pred, has_real, anchors = masks
+    return {
+        "n_anchors": jnp.sum(anchors, dtype=jnp.float32),
+        "n_unusable": jnp.sum(~usable_pred & ~has_real, dtype=jnp.float32),
+        "buffer_size": jnp.sum(state.valid, dtype=jnp.float32),
+        "map_knots": state.fit.n_knots.astype(jnp.float32),
+        "bias_raw": _masked_mean(pred_mean - real, anchors),
+        "bias_debiased": _masked_mean(prev - real, anchors & had_map),
+        "abs_bias_raw": _masked_mean(jnp.abs(pred_mean - real), anchors),
+        "abs_bias_debiased": _masked_mean(jnp.abs(prev - real), anchors & had_map),
+        "sigma2_wm": wm.sigma2_wm,
+        "sigma2_real": scores.sigma2_real,
+        "resid_var": wm.resid_var,
+        "fused_weight_wm": _masked_mean(weight_wm, has_real & usable_pred),
+        "rank_corr": rank_correlation(state.pred, state.real, state.valid),
+    }
 
 
 def make_reward_correction(
@@ -201,7 +367,10 @@ def make_reward_correction(
       backend: isotonic backend ("auto", "native", "xla").
 
     Returns:
-      A `RewardCorrection(init, update)`.
+      A `RewardCorrection(init, update, debias)`.
+
+    Raises:
+      ValueError: on a setting outside its range or an unknown `wm_var`.
 
     Example:
       >>> c = make_reward_correction(capacity=8)
@@ -222,6 +391,11 @@ def make_reward_correction(
         raise ValueError(f"decay and var_decay must be in (0, 1], got {decay}, {var_decay}")
     if real_var_prior <= 0 or real_var_prior_count < 0 or min_wm_var <= 0:
         raise ValueError("real_var_prior and min_wm_var must be > 0, real_var_prior_count >= 0")
+
+    real_settings = dict(prior=real_var_prior, prior_count=real_var_prior_count)
+    wm_settings = dict(
+        var_decay=var_decay, min_wm_var=min_wm_var, per_sample=wm_var == "per_sample"
+    )
 
     def init() -> CorrectionState:
         zeros = jnp.zeros(capacity, jnp.float32)
@@ -262,114 +436,76 @@ def make_reward_correction(
         Returns:
           `(rewards, new_state, diagnostics)`: corrected rewards r* of shape
           [N] (float32, finite), and a dict of float32 scalars.
+
+        Raises:
+          ValueError: if `pred_mean` is not of rank 1 or the other arrays do
+            not have its shape.
         """
         pred_mean = jnp.asarray(pred_mean, jnp.float32)
-        n = pred_mean.shape[0] if pred_mean.ndim == 1 else -1
-        arrays = {"pred_var": pred_var, "real": real, "anchor_mask": anchor_mask}
-        if real_replicate is not None:
-            arrays["real_replicate"] = real_replicate
-        if pred_mean.ndim != 1 or any(jnp.shape(a) != (n,) for a in arrays.values()):
-            shapes = {k: jnp.shape(v) for k, v in arrays.items()}
-            raise ValueError(
-                f"update expects pred_mean of shape [N] and pred_var, real, anchor_mask "
-                f"of the same shape; got pred_mean {pred_mean.shape} and {shapes}"
-            )
+        _check_update_shapes(pred_mean, pred_var, real, anchor_mask, real_replicate)
         pred_var = jnp.asarray(pred_var, jnp.float32)
         real = jnp.asarray(real, jnp.float32)
         usable_pred = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
         has_real = jnp.asarray(anchor_mask, bool) & jnp.isfinite(real)
-
-        # σ²_real: replicate pairs shrunk towards the prior.
-        replicate_sq, replicate_count = state.replicate_sq, state.replicate_count
-        n_real = has_real.astype(jnp.float32)
-        if real_replicate is not None:
-            rep = jnp.asarray(real_replicate, jnp.float32)
-            pair = has_real & jnp.isfinite(rep)
-            replicate_sq += jnp.sum(jnp.where(pair, 0.5 * (real - rep) ** 2, 0))
-            replicate_count += jnp.sum(pair, dtype=jnp.float32)
-            real = jnp.where(pair, 0.5 * (real + rep), real)
-            n_real = n_real + pair
-        sigma2_real = (replicate_sq + real_var_prior_count * real_var_prior) / (
-            replicate_count + real_var_prior_count
-        )
-        var_real = sigma2_real / jnp.maximum(n_real, 1)
+        scores = _real_scores(state, real, has_real, real_replicate, **real_settings)
+        real = scores.real
 
         # 1. Out-of-sample residuals against the previous map.
         anchors = has_real & usable_pred
         had_map = jnp.sum(state.valid) >= min_anchors
         prev = debias_fn(state, pred_mean)
         resid_mask = anchors & (had_map | (not debias))
-        resid = fusion.ema_variance_update(
-            state.resid, real - prev, decay=var_decay, mask=resid_mask
+        wm = _wm_variance(
+            state,
+            real - prev,
+            resid_mask,
+            pred_var,
+            anchors,
+            usable_pred,
+            scores.sigma2_real,
+            **wm_settings,
         )
-        pred_var_stats = fusion.ema_variance_update(
-            state.pred_var, pred_var, decay=var_decay, mask=anchors & jnp.isfinite(pred_var)
-        )
-        resid_var = fusion.ema_variance(resid)
-        sigma2_wm = jnp.maximum(resid_var - sigma2_real, min_wm_var)
-        if wm_var == "per_sample":
-            scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
-            # Floored per sample too: a WM that claims certainty (variance 0)
-            # must not be trusted as exact.
-            var_wm = jnp.maximum(sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0), min_wm_var)
-        else:
-            var_wm = jnp.broadcast_to(sigma2_wm, pred_mean.shape)
-        var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
 
         # 2-3. Append anchors, refit the map, debias every prediction.
-        pred_b, real_b, weight_b, valid_b, next_slot = _append(
-            state, pred_mean, real, anchors, capacity, decay
-        )
+        buffer = _append(state, pred_mean, real, anchors, capacity, decay)
         fit = isotonic.isotonic_fit(
-            pred_b, real_b, weights=weight_b, mask=valid_b, increasing=increasing, backend=backend
+            buffer.pred,
+            buffer.real,
+            weights=buffer.weight,
+            mask=buffer.valid,
+            increasing=increasing,
+            backend=backend,
         )
-        debiased = debias_fn(state._replace(fit=fit, valid=valid_b), pred_mean)
-        prior_mean = _masked_mean(real_b, valid_b)
+        debiased = debias_fn(state._replace(fit=fit, valid=buffer.valid), pred_mean)
+        prior_mean = _masked_mean(buffer.real, buffer.valid)
         fallback = jnp.where(jnp.isnan(prior_mean), 0.0, prior_mean)
 
         # 4. Fuse where a real score exists.
-        if ivd:
-            fused, _ = fusion.inverse_variance_fuse(
-                jnp.where(usable_pred, debiased, 0.0),
-                var_wm,
-                jnp.where(has_real, real, 0.0),
-                jnp.where(has_real, var_real, jnp.inf),
-            )
-            weight_wm = fusion.fusion_weight(var_wm, jnp.where(has_real, var_real, jnp.inf))
-            rewards = jnp.where(usable_pred | has_real, fused, fallback)
-        else:
-            weight_wm = jnp.where(has_real & use_real, 0.0, 1.0)
-            rewards = jnp.where(has_real & use_real, real, debiased)
-            rewards = jnp.where(usable_pred | (has_real & use_real), rewards, fallback)
+        rewards, weight_wm = _rewards(
+            debiased,
+            wm.var_wm,
+            real,
+            scores.var_real,
+            usable_pred,
+            has_real,
+            fallback,
+            ivd=ivd,
+            use_real=use_real,
+        )
 
         new_state = CorrectionState(
-            pred=pred_b,
-            real=real_b,
-            weight=weight_b,
-            valid=valid_b,
-            next_slot=next_slot,
+            **buffer._asdict(),
             fit=fit,
-            resid=resid,
-            pred_var=pred_var_stats,
-            replicate_sq=replicate_sq,
-            replicate_count=replicate_count,
+            resid=wm.resid,
+            pred_var=wm.pred_var_stats,
+            replicate_sq=scores.replicate_sq,
+            replicate_count=scores.replicate_count,
             step=state.step + 1,
         )
-        diagnostics = {
-            "n_anchors": jnp.sum(anchors, dtype=jnp.float32),
-            "n_unusable": jnp.sum(~usable_pred & ~has_real, dtype=jnp.float32),
-            "buffer_size": jnp.sum(valid_b, dtype=jnp.float32),
-            "map_knots": fit.n_knots.astype(jnp.float32),
-            "bias_raw": _masked_mean(pred_mean - real, anchors),
-            "bias_debiased": _masked_mean(prev - real, anchors & had_map),
-            "abs_bias_raw": _masked_mean(jnp.abs(pred_mean - real), anchors),
-            "abs_bias_debiased": _masked_mean(jnp.abs(prev - real), anchors & had_map),
-            "sigma2_wm": sigma2_wm,
-            "sigma2_real": sigma2_real,
-            "resid_var": resid_var,
-            "fused_weight_wm": _masked_mean(weight_wm, has_real & usable_pred),
-            "rank_corr": rank_correlation(pred_b, real_b, valid_b),
-        }
+        masks = (usable_pred, has_real, anchors)
+        diagnostics = _diagnostics(
+            new_state, pred_mean, real, prev, masks, had_map, wm, scores, weight_wm
+        )
         return rewards, new_state, diagnostics
 
     return RewardCorrection(init, update, debias_fn)

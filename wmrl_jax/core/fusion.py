@@ -1,4 +1,4 @@
-"""Inverse-variance fusion of two noisy estimates, and online variance estimators.
+"""Inverse-variance fusion of two noisy estimates, and an online variance estimator.
 
 The Inverse-Variance Denoising (IVD) step of WMRL fuses a debiased world-model
 reward `r̃` (variance `σ²_wm`) with a real execution score `r` (variance
@@ -7,9 +7,10 @@ reward `r̃` (variance `σ²_wm`) with a real execution score `r` (variance
     r* = (r̃ / σ²_wm + r / σ²_real) / (1 / σ²_wm + 1 / σ²_real),
     var(r*) = σ²_wm σ²_real / (σ²_wm + σ²_real),
 
-which is below either stream's variance. The variances are estimated online,
-either from all samples seen so far (Welford / Chan et al.) or from an
-exponentially decayed window.
+which is below either stream's variance. `σ²_wm` is estimated online from
+anchor residuals with an exponentially decayed mean and variance
+(`ema_variance_init` / `ema_variance_update` / `ema_variance`; with `decay=1`
+it pools all samples equally); `wmrl_jax.core.correction` shows the use.
 
 Conventions shared by every function here:
 
@@ -22,12 +23,18 @@ Conventions shared by every function here:
   the caller passes a prior through `default=`.
 
 Every function is a pure function of arrays: jit-able, vmap-able, fixed shapes,
-no Python branching on traced values. Stateful estimators are `init` / `update`
-pairs over a `NamedTuple` state.
+no Python branching on traced values. The estimator is an `init` / `update`
+pair over a `NamedTuple` state.
+
+Bad input raises ``ValueError`` naming the function and the argument: array
+shapes are checked with chex assertions (static, free under `jax.jit`);
+shapes that do not broadcast, complex values, a non-floating `dtype` and a
+concrete `decay` outside [0, 1] are checked by value.
 """
 
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +42,9 @@ import numpy as np
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 Shape = tuple[int, ...]
+
+# chex raises AssertionError by default; a wrong shape is bad input like any other.
+_BAD_INPUT = {"exception_type": ValueError}
 
 
 def _fusion_dtype(fn_name: str, **arrays: ArrayLike) -> jnp.dtype:
@@ -46,6 +56,7 @@ def _fusion_dtype(fn_name: str, **arrays: ArrayLike) -> jnp.dtype:
 
 
 def _broadcast_shape(fn_name: str, **arrays: ArrayLike) -> Shape:
+    """The common broadcast shape of `arrays` (chex checks one-way broadcasts only)."""
     shapes = {name: tuple(jnp.shape(x)) for name, x in arrays.items()}
     try:
         return tuple(np.broadcast_shapes(*shapes.values()))
@@ -233,7 +244,8 @@ def _estimator_dtype(fn_name: str, dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def _check_shape(fn_name: str, shape) -> Shape:
+def _sample_shape(fn_name: str, shape) -> Shape:
+    """`shape` as a tuple of ints: an int n is (n,)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
         raise ValueError(f"{fn_name}: shape must be a tuple of non-negative ints, got {shape}.")
@@ -245,17 +257,19 @@ def _batch_moments(
 ) -> tuple[Array, Array, Array]:
     """Count, mean and centred sum of squares of the valid rows of `x` [N, *shape]."""
     x = jnp.asarray(x)
-    if x.ndim != len(sample_shape) + 1 or tuple(x.shape[1:]) != sample_shape:
-        raise ValueError(
-            f"{fn_name}: x must have shape [N, *{list(sample_shape)}] to match the state, "
-            f"got {list(x.shape)}."
-        )
+    chex.assert_shape(
+        x,
+        (None, *sample_shape),
+        custom_message=f"{fn_name}: `x` must have shape [N, *{list(sample_shape)}] (the state's)",
+        **_BAD_INPUT,
+    )
     num = x.shape[0]
     if mask is None:
         mask = jnp.ones((num,), bool)
     mask = jnp.asarray(mask)
-    if mask.shape != (num,):
-        raise ValueError(f"{fn_name}: mask must have shape [{num}], got {list(mask.shape)}.")
+    chex.assert_shape(
+        mask, (num,), custom_message=f"{fn_name}: `mask` must have shape [N] of `x`", **_BAD_INPUT
+    )
     mask = mask.astype(bool)
     row_mask = mask.reshape((num,) + (1,) * len(sample_shape))
     count = jnp.sum(mask, dtype=jnp.int32)
@@ -282,96 +296,6 @@ def _chan_combine(
     mean = mean_a + delta * frac_b
     m2 = m2_a + m2_b + jnp.square(delta) * (n_a * frac_b)
     return n, mean, m2
-
-
-class WelfordState(NamedTuple):
-    """Running count, mean and centred sum of squares of all samples so far.
-
-    Attributes:
-      count: number of samples folded in, int32 of shape [].
-      mean: mean of the samples, of shape [*shape].
-      m2: sum of squared deviations from `mean`, of shape [*shape].
-    """
-
-    count: Array
-    mean: Array
-    m2: Array
-
-
-def welford_init(shape: Shape = (), dtype=jnp.float32) -> WelfordState:
-    """Empty Welford state for samples of shape `shape`.
-
-    Args:
-      shape: shape of one sample (e.g. `()` for a scalar reward).
-      dtype: floating dtype of the statistics; promoted to float32 at least.
-
-    Returns:
-      A `WelfordState` with count 0.
-
-    Example:
-      >>> state = welford_init()
-      >>> state = welford_update(state, jnp.array([1.0, 2.0, 3.0, 4.0]))
-      >>> float(welford_variance(state))
-      1.6666666269302368
-    """
-    shape = _check_shape("welford_init", shape)
-    dtype = _estimator_dtype("welford_init", dtype)
-    zeros = jnp.zeros(shape, dtype)
-    return WelfordState(count=jnp.zeros((), jnp.int32), mean=zeros, m2=zeros)
-
-
-def welford_update(
-    state: WelfordState, x: ArrayLike, *, mask: ArrayLike | None = None
-) -> WelfordState:
-    """Folds a batch of samples into a Welford state.
-
-    The batch's own count, mean and centred sum of squares are pooled with the
-    state's by the Chan et al. parallel formula, so one update with N samples
-    equals N single-sample updates (up to rounding), in any order.
-
-    Args:
-      state: the current `WelfordState`.
-      x: samples of shape [N, *shape], where `shape` is that of `state.mean`.
-      mask: optional bool of shape [N]; only samples where it is True count.
-        Masked-out samples may hold any value, NaN included.
-
-    Returns:
-      The updated `WelfordState`.
-
-    Raises:
-      ValueError: if `x` or `mask` do not match the state's sample shape.
-    """
-    shape = tuple(state.mean.shape)
-    n_b, mean_b, m2_b = _batch_moments("welford_update", x, mask, shape, state.mean.dtype)
-    dtype = state.mean.dtype
-    _, mean, m2 = _chan_combine(
-        state.count.astype(dtype), state.mean, state.m2, n_b.astype(dtype), mean_b, m2_b
-    )
-    return WelfordState(count=state.count + n_b, mean=mean, m2=m2)
-
-
-def welford_variance(state: WelfordState, *, ddof: int = 1, default: ArrayLike = jnp.inf) -> Array:
-    """Sample variance `m2 / (count - ddof)` of everything folded in so far.
-
-    Args:
-      state: a `WelfordState`.
-      ddof: delta degrees of freedom (1: unbiased sample variance).
-      default: returned where `count <= ddof`. The default, inf, means
-        "unknown", which `inverse_variance_fuse` reads as "ignore this source";
-        pass a prior variance instead to fall back on it. Broadcastable to
-        `state.mean.shape`.
-
-    Returns:
-      Variance of shape [*shape]; never NaN for finite inputs.
-
-    Raises:
-      ValueError: if `ddof` is not a non-negative int.
-    """
-    if not isinstance(ddof, (int, np.integer)) or ddof < 0:
-        raise ValueError(f"welford_variance: ddof must be a non-negative int, got {ddof!r}.")
-    enough = state.count > ddof
-    denom = jnp.where(enough, state.count - ddof, 1).astype(state.m2.dtype)
-    return jnp.where(enough, state.m2 / denom, jnp.asarray(default, state.m2.dtype))
 
 
 class EmaVarianceState(NamedTuple):
@@ -412,7 +336,7 @@ def ema_variance_init(shape: Shape = (), dtype=jnp.float32) -> EmaVarianceState:
       >>> float(ema_variance(state))
       2.0
     """
-    shape = _check_shape("ema_variance_init", shape)
+    shape = _sample_shape("ema_variance_init", shape)
     dtype = _estimator_dtype("ema_variance_init", dtype)
     zeros = jnp.zeros(shape, dtype)
     scalar = jnp.zeros((), dtype)
@@ -432,7 +356,7 @@ def ema_variance_update(
     together: the older weight is multiplied by `decay**n`, and the order of
     samples within a batch does not matter. A batch of one sample is the usual
     sequential EMA step; with `decay = 1` the state pools all samples equally
-    (and `ema_variance` equals `welford_variance` with ddof 1).
+    (and `ema_variance` is the sample variance with ddof 1).
 
     Args:
       state: the current `EmaVarianceState`.

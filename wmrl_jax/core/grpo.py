@@ -18,6 +18,11 @@ log-probability arithmetic runs in float32 whatever the input dtype.
 String-valued hyperparameters (``mode``, ``kl_estimator``, ``aggregation``)
 select code paths and must be static under ``jax.jit``.
 
+Bad input raises ``ValueError`` naming the function and the argument, whether
+it is a shape (checked at entry with chex assertions, which read only static
+shapes and so cost nothing under ``jax.jit``) or a value (an unknown mode, a
+negative clip range). The same holds in every module of `wmrl_jax.core`.
+
 References: Shao et al. 2024 (DeepSeekMath, GRPO); Schulman et al. 2017 (PPO);
 Yu et al. 2025 (DAPO, clip-higher); Liu et al. 2025 (Dr.GRPO); Ahmadian et al.
 2024 (RLOO); Schulman 2020, "Approximating KL divergence" (k1, k2, k3).
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,19 +52,8 @@ def _f32(x) -> Array:
     return jnp.asarray(x, dtype=jnp.float32)
 
 
-def _check_rank(name: str, x: Array, rank: int, shape_doc: str) -> None:
-    if x.ndim != rank:
-        raise ValueError(
-            f"{name} must have rank {rank} (shape {shape_doc}), got shape {tuple(x.shape)}."
-        )
-
-
-def _check_same_shape(name_a: str, a: Array, name_b: str, b: Array) -> None:
-    if a.shape != b.shape:
-        raise ValueError(
-            f"{name_a} and {name_b} must have the same shape, got "
-            f"{tuple(a.shape)} and {tuple(b.shape)}."
-        )
+# chex raises AssertionError by default; a wrong shape is bad input like any other.
+_BAD_INPUT = {"exception_type": ValueError}
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -108,14 +103,28 @@ def group_advantages(rewards, *, mode: str = "std", eps: float = 1e-6, mask=None
     if _is_static_number(eps) and eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}.")
     rewards = _f32(rewards)
-    _check_rank("rewards", rewards, 1, "[G]; vmap over groups")
-    if rewards.shape[0] == 0:
-        raise ValueError("rewards must hold at least one group member, got shape (0,).")
+    chex.assert_rank(
+        rewards,
+        1,
+        custom_message="group_advantages: `rewards` is one group [G]; vmap over groups",
+        **_BAD_INPUT,
+    )
+    chex.assert_axis_dimension_gt(
+        rewards,
+        0,
+        0,
+        custom_message="group_advantages: `rewards` needs at least one member",
+        **_BAD_INPUT,
+    )
     if mask is None:
         valid = jnp.ones(rewards.shape, dtype=bool)
     else:
         valid = jnp.asarray(mask).astype(bool)
-        _check_same_shape("rewards", rewards, "mask", valid)
+        chex.assert_equal_shape(
+            [rewards, valid],
+            custom_message="group_advantages: `rewards` and `mask`",
+            **_BAD_INPUT,
+        )
 
     weights = valid.astype(jnp.float32)
     count = jnp.sum(weights)
@@ -161,7 +170,9 @@ def importance_ratio(logp, old_logp) -> Array:
       [2.0]
     """
     logp, old_logp = _f32(logp), _f32(old_logp)
-    _check_same_shape("logp", logp, "old_logp", old_logp)
+    chex.assert_equal_shape(
+        [logp, old_logp], custom_message="importance_ratio: `logp` and `old_logp`", **_BAD_INPUT
+    )
     return jnp.exp(logp - old_logp)
 
 
@@ -207,15 +218,12 @@ def clipped_surrogate(
         raise ValueError(f"clip_high must be >= 0, got {clip_high}.")
     ratio = importance_ratio(logp, old_logp)
     advantages = _f32(advantages)
-    try:
-        broadcast = np.broadcast_shapes(advantages.shape, ratio.shape)
-    except ValueError:
-        broadcast = None
-    if broadcast != ratio.shape:
-        raise ValueError(
-            f"advantages of shape {tuple(advantages.shape)} do not broadcast to the "
-            f"log-prob shape {tuple(ratio.shape)}."
-        )
+    chex.assert_is_broadcastable(
+        advantages.shape,
+        ratio.shape,
+        custom_message="clipped_surrogate: `advantages` must broadcast to the shape of `logp`",
+        **_BAD_INPUT,
+    )
     unclipped = ratio * advantages
     clipped_objective = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = -jnp.minimum(unclipped, clipped_objective)
@@ -223,9 +231,11 @@ def clipped_surrogate(
     return loss, ratio, clipped
 
 
-def _kl_inputs(logp, ref_logp) -> tuple[Array, Array]:
+def _kl_inputs(fn_name: str, logp, ref_logp) -> tuple[Array, Array]:
     logp, ref_logp = _f32(logp), _f32(ref_logp)
-    _check_same_shape("logp", logp, "ref_logp", ref_logp)
+    chex.assert_equal_shape(
+        [logp, ref_logp], custom_message=f"{fn_name}: `logp` and `ref_logp`", **_BAD_INPUT
+    )
     return logp, ref_logp
 
 
@@ -254,7 +264,7 @@ def kl_k1(logp, ref_logp) -> Array:
       >>> kl_k1(jnp.array([-1.0]), jnp.array([-1.5])).tolist()
       [0.5]
     """
-    logp, ref_logp = _kl_inputs(logp, ref_logp)
+    logp, ref_logp = _kl_inputs("kl_k1", logp, ref_logp)
     return logp - ref_logp
 
 
@@ -270,7 +280,7 @@ def kl_k2(logp, ref_logp) -> Array:
       >>> kl_k2(jnp.array([-1.0]), jnp.array([-1.5])).tolist()
       [0.125]
     """
-    logp, ref_logp = _kl_inputs(logp, ref_logp)
+    logp, ref_logp = _kl_inputs("kl_k2", logp, ref_logp)
     return 0.5 * jnp.square(logp - ref_logp)
 
 
@@ -290,7 +300,7 @@ def kl_k3(logp, ref_logp) -> Array:
       >>> kl_k3(jnp.array([-1.0]), jnp.array([-1.0])).tolist()
       [0.0]
     """
-    logp, ref_logp = _kl_inputs(logp, ref_logp)
+    logp, ref_logp = _kl_inputs("kl_k3", logp, ref_logp)
     log_ratio = ref_logp - logp
     bounded = jnp.clip(log_ratio, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
     return jnp.exp(bounded) - log_ratio - 1.0
@@ -348,8 +358,10 @@ def aggregate(values, mask, *, mode: str = "token_mean", norm_constant: float | 
     _check_aggregation(mode, norm_constant)
     values = _f32(values)
     valid = jnp.asarray(mask).astype(bool)
-    _check_rank("values", values, 2, "[B, T]")
-    _check_same_shape("values", values, "mask", valid)
+    chex.assert_rank(values, 2, custom_message="aggregate: `values` is [B, T]", **_BAD_INPUT)
+    chex.assert_equal_shape(
+        [values, valid], custom_message="aggregate: `values` and `mask`", **_BAD_INPUT
+    )
 
     weights = valid.astype(jnp.float32)
     masked = jnp.where(valid, values, 0.0)
@@ -424,20 +436,26 @@ def grpo_loss(
     _check_aggregation(aggregation, norm_constant)
     logp, old_logp, advantages = _f32(logp), _f32(old_logp), _f32(advantages)
     valid = jnp.asarray(mask).astype(bool)
-    _check_rank("logp", logp, 2, "[B, T]")
-    _check_same_shape("logp", logp, "old_logp", old_logp)
-    _check_same_shape("logp", logp, "mask", valid)
-    if advantages.shape != logp.shape[:1]:
-        raise ValueError(
-            f"advantages must have shape [B] = {logp.shape[:1]} (one per sequence), "
-            f"got {tuple(advantages.shape)}."
-        )
+    chex.assert_rank(logp, 2, custom_message="grpo_loss: `logp` is [B, T]", **_BAD_INPUT)
+    chex.assert_equal_shape(
+        [logp, old_logp, valid],
+        custom_message="grpo_loss: `logp`, `old_logp` and `mask`",
+        **_BAD_INPUT,
+    )
+    chex.assert_shape(
+        advantages,
+        logp.shape[:1],
+        custom_message="grpo_loss: `advantages` is [B], one per sequence",
+        **_BAD_INPUT,
+    )
     if ref_logp is None:
         if not (_is_static_number(kl_coef) and kl_coef == 0):
             raise ValueError("ref_logp is required unless kl_coef is a static 0.")
     else:
         ref_logp = _f32(ref_logp)
-        _check_same_shape("logp", logp, "ref_logp", ref_logp)
+        chex.assert_equal_shape(
+            [logp, ref_logp], custom_message="grpo_loss: `logp` and `ref_logp`", **_BAD_INPUT
+        )
 
     # Double where: padding may hold -inf/NaN log-probs, whose exp or square
     # would turn the zero cotangent of a masked token into NaN.

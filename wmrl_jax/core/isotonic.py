@@ -34,12 +34,18 @@ Two implementations compute the same function:
 
 ``backend="auto"`` (default) takes the native kernels on CPU when they are
 available and the XLA path on every other platform.
+
+Bad input raises ``ValueError`` naming the argument: shapes are checked at
+entry with chex assertions (static, free under `jax.jit`), an unknown backend
+by value. Asking for ``backend="native"`` where the kernels cannot be built
+raises ``RuntimeError``.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -47,6 +53,9 @@ from jax import lax
 from wmrl_jax.core import _native
 
 _BACKENDS = ("auto", "native", "xla")
+
+# chex raises AssertionError by default; a wrong shape is bad input like any other.
+_BAD_INPUT = {"exception_type": ValueError}
 
 
 class IsotonicFit(NamedTuple):
@@ -248,16 +257,24 @@ def isotonic_fit(
     """
     x = jnp.asarray(x)
     y = jnp.asarray(y)
-    if x.ndim != 1 or y.shape != x.shape:
-        raise ValueError(
-            f"isotonic_fit expects x and y of the same shape [n]; got {x.shape} and {y.shape} "
-            "(batch independent problems with jax.vmap)"
-        )
-    if x.shape[0] == 0:
-        raise ValueError("isotonic_fit needs a buffer with at least one slot (n >= 1)")
+    chex.assert_rank(
+        x,
+        1,
+        custom_message="isotonic_fit: `x` must have shape [n]; vmap over independent problems",
+        **_BAD_INPUT,
+    )
+    chex.assert_equal_shape([x, y], custom_message="isotonic_fit: `x` and `y`", **_BAD_INPUT)
+    chex.assert_axis_dimension_gt(
+        x, 0, 0, custom_message="isotonic_fit: `x` needs at least one slot", **_BAD_INPUT
+    )
     for name, arr in (("weights", weights), ("mask", mask)):
-        if arr is not None and jnp.shape(arr) != x.shape:
-            raise ValueError(f"{name} must have shape {x.shape}, got {jnp.shape(arr)}")
+        if arr is not None:
+            chex.assert_shape(
+                arr,
+                x.shape,
+                custom_message=f"isotonic_fit: `{name}` must have the shape [n] of `x`",
+                **_BAD_INPUT,
+            )
     dtype = _float_dtype(x, y, weights)
     x = x.astype(dtype)
     y = y.astype(dtype)
@@ -328,12 +345,14 @@ def isotonic_predict(fit: IsotonicFit, x_new: jax.Array, *, backend: str = "auto
       >>> isotonic_predict(fit, jnp.array([[-1.0, 0.25]])).tolist()
       [[0.0, 0.25]]
     """
-    if fit.x.ndim != 1 or fit.y.shape != fit.x.shape or jnp.ndim(fit.n_knots) != 0:
-        raise ValueError(
-            "isotonic_predict expects the fit of one problem (knots of shape [n]); got "
-            f"x {fit.x.shape}, y {fit.y.shape}, n_knots {jnp.shape(fit.n_knots)} "
-            "(use jax.vmap for a batch of fits)"
-        )
+    one_problem = (
+        "isotonic_predict: `fit.x`, `fit.y` and `fit.n_knots` must have shapes [n], [n] and [] "
+        "(the fit of one problem; use jax.vmap for a batch of fits)"
+    )
+    chex.assert_rank(
+        [fit.x, fit.y, fit.n_knots], [1, 1, 0], custom_message=one_problem, **_BAD_INPUT
+    )
+    chex.assert_equal_shape([fit.x, fit.y], custom_message=one_problem, **_BAD_INPUT)
     x_new = jnp.asarray(x_new)
     shape = x_new.shape
     t = x_new.astype(fit.x.dtype).reshape(-1)
