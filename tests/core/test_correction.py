@@ -1,5 +1,6 @@
 """Tests for the WMRL reward correction against independent references."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,24 +25,30 @@ def _sim(rng, n, anchor_frac=0.3, wm_noise=0.05, real_noise=0.05):
     return true, pred.astype(np.float32), real.astype(np.float32), anchor
 
 
-@pytest.mark.parametrize("jit", [False, True])
-def test_debiased_rewards_match_sklearn_on_buffer(jit):
-    rng = np.random.default_rng(0)
-    c = correction_lib.make_reward_correction(capacity=64, ivd=False, use_real=False)
-    update = jax.jit(c.update) if jit else c.update
-    state = c.init()
-    preds, reals = [], []
-    for _ in range(4):
-        _, pred, real, anchor = _sim(rng, 40)
-        rewards, state, _ = update(
-            state, pred, np.ones(40, np.float32), np.where(anchor, real, np.nan), anchor
+class VariantsTest(chex.TestCase):
+    """The correction's values, with and without `jax.jit` (chex variants)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_debiased_rewards_match_sklearn_on_buffer(self):
+        rng = np.random.default_rng(0)
+        c = correction_lib.make_reward_correction(capacity=64, ivd=False, use_real=False)
+        update = self.variant(c.update)
+        state = c.init()
+        preds, reals = [], []
+        for _ in range(4):
+            _, pred, real, anchor = _sim(rng, 40)
+            rewards, state, _ = update(
+                state, pred, np.ones(40, np.float32), np.where(anchor, real, np.nan), anchor
+            )
+            preds.append(pred[anchor])
+            reals.append(real[anchor])
+        ref = IsotonicRegression(out_of_bounds="clip").fit(
+            np.concatenate(preds), np.concatenate(reals)
         )
-        preds.append(pred[anchor])
-        reals.append(real[anchor])
-    ref = IsotonicRegression(out_of_bounds="clip").fit(np.concatenate(preds), np.concatenate(reals))
-    # With ivd and use_real off, every reward is the map applied to the prediction.
-    np.testing.assert_allclose(rewards, ref.predict(pred), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(c.debias(state, pred), ref.predict(pred), rtol=1e-5, atol=1e-5)
+        # With ivd and use_real off, every reward is the map applied to the prediction.
+        np.testing.assert_allclose(rewards, ref.predict(pred), rtol=1e-5, atol=1e-5)
+        debiased = self.variant(c.debias)(state, pred)
+        np.testing.assert_allclose(debiased, ref.predict(pred), rtol=1e-5, atol=1e-5)
 
 
 def test_ring_buffer_keeps_last_capacity_anchors():
@@ -185,10 +192,15 @@ def test_errors():
     with pytest.raises(ValueError, match="decay"):
         correction_lib.make_reward_correction(decay=0.0)
     c = correction_lib.make_reward_correction()
-    with pytest.raises(ValueError, match="same shape"):
-        c.update(c.init(), np.zeros(3), np.zeros(2), np.zeros(3), np.ones(3, bool))
-    with pytest.raises(ValueError, match="same shape"):
-        c.update(c.init(), np.zeros((2, 3)), np.zeros(3), np.zeros(3), np.ones(3, bool))
+    # Shape errors too are ValueError (chex assertions raise AssertionError by default),
+    # and are raised while tracing under jit.
+    for update in (c.update, jax.jit(c.update)):
+        with pytest.raises(ValueError, match=r"\(3,\), \(2,\).*`pred_var`.*same shape"):
+            update(c.init(), np.zeros(3), np.zeros(2), np.zeros(3), np.ones(3, bool))
+        with pytest.raises(ValueError, match=r"rank 2.*`pred_mean` must have shape \[N\]"):
+            update(c.init(), np.zeros((2, 3)), np.zeros(3), np.zeros(3), np.ones(3, bool))
+    with pytest.raises(ValueError, match="`real_replicate` the same shape"):
+        c.update(c.init(), *np.zeros((3, 3)), np.ones(3, bool), real_replicate=np.zeros(4))
 
 
 def test_per_sample_wm_variance_scales_with_prediction_variance():

@@ -3,7 +3,8 @@
 Every numerical test runs on both implementations ("native" C++ kernels and the
 pure "xla" path). The XLA fit takes about a second to compile per shape (and
 longer op by op), so the tests share a few module-level jitted functions and
-fixed buffer sizes; `test_eager_matches_jit` covers the un-jitted functions.
+fixed buffer sizes; `VariantsTest` runs the functions jitted and not (chex
+variants).
 """
 
 import doctest
@@ -13,10 +14,12 @@ import os
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.isotonic import IsotonicRegression
@@ -529,26 +532,27 @@ def test_nested_vmap(backend):
 # jit.
 
 
-@backend_param
-def test_eager_matches_jit(backend):
-    x = jnp.array([3.0, 1.0, 1.0, 2.0, NAN, 0.0, 2.0])
-    y = jnp.array([1.0, 4.0, 0.0, 2.0, 1.0, 3.0, -1.0])
-    weights = jnp.array([1.0, 2.0, 0.5, 1.0, 1.0, 0.0, 3.0])
-    mask = jnp.array([True, True, True, True, True, True, False])
-    queries = jnp.array([-1.0, 0.5, 1.0, 1.5, 2.5, 3.0, 4.0, NAN])
-    eager = isotonic_fit(x, y, weights=weights, mask=mask, backend=backend)
-    jitted = fit_jit(x, y, weights=weights, mask=mask, backend=backend)
-    for a, b in zip(as_np(eager), as_np(jitted), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
-    np.testing.assert_allclose(
-        isotonic_predict(eager, queries, backend=backend),
-        predict_jit(jitted, queries, backend=backend),
-        rtol=1e-6,
-    )
-    expected = sklearn_predict(x, y, queries[:-1], weights=weights, mask=mask)
-    np.testing.assert_allclose(
-        isotonic_predict(eager, queries[:-1], backend=backend), expected, rtol=1e-6
-    )
+class VariantsTest(chex.TestCase):
+    """Fit and predict with and without `jax.jit` (chex variants), on both backends."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*BACKENDS)
+    def test_fit_and_predict_match_sklearn(self, backend):
+        x = jnp.array([3.0, 1.0, 1.0, 2.0, NAN, 0.0, 2.0])
+        y = jnp.array([1.0, 4.0, 0.0, 2.0, 1.0, 3.0, -1.0])
+        weights = jnp.array([1.0, 2.0, 0.5, 1.0, 1.0, 0.0, 3.0])
+        mask = jnp.array([True, True, True, True, True, True, False])
+        queries = jnp.array([-1.0, 0.5, 1.0, 1.5, 2.5, 3.0, 4.0, NAN])
+        fit = self.variant(functools.partial(isotonic_fit, backend=backend))(
+            x, y, weights=weights, mask=mask
+        )
+        values = self.variant(functools.partial(isotonic_predict, backend=backend))(fit, queries)
+        expected = sklearn_predict(x, y, queries[:-1], weights=weights, mask=mask)
+        np.testing.assert_allclose(values[:-1], expected, rtol=1e-6)
+        assert np.isnan(values[-1])
+        # Slot 5 has weight 0 and slot 6 is masked: knots at 1, 2, 3.
+        assert int(fit.n_knots) == 3
+        np.testing.assert_array_equal(fit.x[:3], [1.0, 2.0, 3.0])
 
 
 @backend_param
