@@ -3,7 +3,7 @@ r"""The embodied study: WMRL for control policies in MuJoCo, at equal simulator 
     python -m experiments.study_embodied --config=experiments/configs/embodied.py \
         --workdir=outputs/embodied --readme=README.md
 
-Two Gymnasium MuJoCo tasks (reacher, pusher), the arms ``real``,
+Two Gymnasium MuJoCo tasks (reacher, pendulum), the arms ``real``,
 ``anchors_only``, ``wm_naive`` and ``wmrl``, five seeds, every run given the
 same budget of simulator steps. Variant ``:runlocal`` (one seed, a tiny
 budget, one process) is what the tests run.
@@ -23,7 +23,7 @@ def get_config(arg: str | None = None):
     config.bootstrap = 1000
     config.tasks = ml_collections.ConfigDict()
     config.tasks.reacher = embodied_config.run_config("reacher")
-    config.tasks.pusher = embodied_config.run_config("pusher")
+    config.tasks.pendulum = embodied_config.run_config("pendulum")
     if arg == "runlocal":
         config.num_seeds = 1
         config.workers = 1
@@ -33,7 +33,7 @@ def get_config(arg: str | None = None):
         )
         config.tasks.reacher.wm.warm_episodes = 4
         config.tasks.reacher.wm.warm_fit_steps = 5
-        del config.tasks["pusher"]
+        del config.tasks["pendulum"]
     elif arg:
         raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
     config.lock()

@@ -18,7 +18,8 @@ from wmrl_jax.embodied import tasks
 # Per task: simulator-step budget, prefix length k, and the σ²_real prior
 # (on the outcome's scale, the mean per-step reward).
 _TASK_DEFAULTS = {
-    "reacher": {"budget": 240_000, "prefix_len": 10, "real_var_prior": 1e-4},
+    "reacher": {"budget": 160_000, "prefix_len": 10, "real_var_prior": 1e-4},
+    "pendulum": {"budget": 80_000, "prefix_len": 10, "real_var_prior": 1e-2},
     "pusher": {"budget": 240_000, "prefix_len": 20, "real_var_prior": 1e-4},
 }
 
@@ -31,7 +32,7 @@ def run_config(task: str, **overrides) -> ml_collections.ConfigDict:
     config.task = spec.name
     config.budget = d["budget"]  # Simulator steps charged per run, warm start included.
     config.num_groups = 10  # B initial-state seeds per update.
-    config.group_size = 8  # G episodes per seed.
+    config.group_size = 4  # G episodes per seed.
     config.prefix_len = d["prefix_len"]  # k of H steps for predicted groups.
     config.rho = 0.1  # Fraction of groups executed to the horizon (anchors).
     config.replicates_per_group = 2  # Replicate continuations per executed group (wmrl).
@@ -41,8 +42,8 @@ def run_config(task: str, **overrides) -> ml_collections.ConfigDict:
     config.policy = ml_collections.ConfigDict()
     config.policy.hidden = (64, 64)
     config.policy.init_log_std = -0.5
-    config.policy.learning_rate = 3e-3
-    config.policy.epochs = 4
+    config.policy.learning_rate = 1e-2
+    config.policy.epochs = 8
     config.policy.clip = 0.2
 
     config.wm = ml_collections.ConfigDict()

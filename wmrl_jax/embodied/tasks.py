@@ -7,6 +7,10 @@ are registered once in `TASKS`; everything else takes a spec.
 
 * ``reacher`` (``Reacher-v5``, H = 50): a two-link arm; success is the
   fingertip ending within ``threshold`` of the target.
+* ``pendulum`` (``InvertedPendulum-v5``, H = 100): a cart-pole; success is the
+  pole ending within ``threshold`` radians of upright (the environment's own
+  termination rule, read at the horizon; the unwrapped environment keeps
+  simulating after a fall, and its reward, 1 per upright step, stops).
 * ``pusher`` (``Pusher-v5``, H = 100): a seven-joint arm; success is the object
   ending within ``threshold`` of the goal (it starts at least 0.17 away).
 
@@ -46,6 +50,11 @@ class TaskSpec(NamedTuple):
     obs_scale: tuple[float, ...]
 
 
+def _pole_angle(env) -> float:
+    """|pole hinge angle| in radians: the pole's distance from upright."""
+    return abs(float(env.data.qpos[1]))
+
+
 def _body_distance(a: str, b: str) -> Callable[[object], float]:
     def distance(env) -> float:
         return float(np.linalg.norm((env.get_body_com(a) - env.get_body_com(b))[:2]))
@@ -63,6 +72,15 @@ TASKS: dict[str, TaskSpec] = {
         threshold=0.05,
         # cos θ (2), sin θ (2), target xy (2), joint velocities (2), fingertip - target (2).
         obs_scale=(1.0, 1.0, 1.0, 1.0, 0.2, 0.2, 10.0, 10.0, 0.2, 0.2),
+    ),
+    "pendulum": TaskSpec(
+        name="pendulum",
+        env_id="InvertedPendulum-v5",
+        horizon=100,
+        distance=_pole_angle,
+        threshold=0.2,
+        # Cart position, pole angle, cart velocity, pole angular velocity.
+        obs_scale=(1.0, 0.2, 1.0, 1.0),
     ),
     "pusher": TaskSpec(
         name="pusher",
