@@ -115,3 +115,17 @@ def test_bad_input_raises():
         )
     with pytest.raises(ValueError, match="unknown embodied task"):
         tasks.get_task("hopper")
+
+
+def test_pendulum_success_is_the_pole_angle_at_the_horizon():
+    spec = tasks.TASKS["pendulum"]
+    env = envs.GymnasiumEpisodes(spec, num_envs=2)
+    env.reset([0, 1])
+    assert env.success().all()  # Reset noise is 0.01 rad: upright.
+    inner = env._envs[1]
+    qpos = inner.data.qpos.copy()
+    qpos[1] = 0.3  # Past Gymnasium's own termination angle (0.2).
+    inner.set_state(qpos, inner.data.qvel.copy())
+    assert env.success().tolist() == [True, False]
+    _, reward = env.step(np.zeros((2, 1)), np.array([True, True]))
+    assert reward.tolist() == [1.0, 0.0]  # Gymnasium's reward agrees: 1 per upright step.
