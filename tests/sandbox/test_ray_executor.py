@@ -19,7 +19,7 @@ import pytest
 ray = pytest.importorskip("ray", reason='RayExecutor needs the ray extra: pip install -e ".[ray]"')
 
 from tests.sandbox.conftest import TEST_LIMITS  # noqa: E402
-from wmrl_jax.sandbox import DockerExecutor  # noqa: E402
+from wmrl_jax.sandbox import DockerExecutor, InfraError  # noqa: E402
 from wmrl_jax.sandbox.ray_executor import RayExecutor, local_executor_factory  # noqa: E402
 
 HOST = "127.0.0.2"
@@ -167,6 +167,19 @@ def test_docker_nodes_run_each_program_once_and_unpack_inputs_once_per_node(
         assert [s["inputs_unpacked"] for s in stats.values()] == [1, 1]
         assert sum(s["runs"] for s in stats.values()) == 6
         assert ex.stats["submitted"] == ex.stats["results"] == 6 and ex.stats["lost"] == 0
+
+
+def test_node_resource_selects_the_nodes_that_get_sandboxes(cluster):
+    cluster.ensure_worker()
+    make = local_executor_factory(limits=TEST_LIMITS, timeout_s=60)
+    head = cluster.head_node()
+    with RayExecutor(
+        slots_per_node=1, make_executor=make, node_resource="node:__internal_head__"
+    ) as ex:
+        assert ex.live_workers == [head]
+        assert ex.run("print(6 * 7)").stdout == "42\n"
+    with pytest.raises(InfraError, match="resource 'sandbox'"):
+        RayExecutor(make_executor=make, node_resource="sandbox")
 
 
 def test_killed_worker_mid_batch_reruns_its_programs_on_the_head(cluster):

@@ -177,6 +177,9 @@ class RayExecutor(FanOut):
         make_executor: picklable zero-argument callable building a node's
             executor (e.g. `functools.partial(DockerExecutor, image, limits=...)`).
         max_nodes: use at most this many nodes (None: all alive).
+        node_resource: use only nodes that declare this custom resource (e.g.
+            "sandbox", from `ray start --resources='{"sandbox": 1}'`), so that a
+            trainer host joined to the cluster gets no sandbox; None: every node.
         actor_options: extra `ray.remote` options of the node actors (e.g. a
             custom resource that marks sandbox nodes); default `num_cpus=0`,
             the programs' limits are the executor's business.
@@ -194,6 +197,7 @@ class RayExecutor(FanOut):
         slots_per_node: int = 4,
         make_executor: Callable[[], Executor] = default_executor_factory,
         max_nodes: int | None = None,
+        node_resource: str | None = None,
         actor_options: dict | None = None,
         **fanout_kwargs,
     ):
@@ -210,6 +214,7 @@ class RayExecutor(FanOut):
                 raise InfraError(f"no Ray cluster answers at {address!r}: {e}") from e
         self.slots_per_node = slots_per_node
         self.max_nodes = max_nodes
+        self.node_resource = node_resource
         self._make_executor = make_executor
         self._actor_options = {
             "max_concurrency": slots_per_node,
@@ -222,7 +227,8 @@ class RayExecutor(FanOut):
         self._ship_lock = threading.Lock()
         workers = self._start_actors(set())
         if not workers:
-            raise InfraError("no Ray node could start a sandbox executor")
+            wanted = f" with resource {node_resource!r}" if node_resource else ""
+            raise InfraError(f"no Ray node{wanted} could start a sandbox executor")
         environments = {env for _, env in workers}
         if len(environments) > 1:
             raise InfraError(f"nodes run programs on different environments: {environments}")
@@ -234,7 +240,13 @@ class RayExecutor(FanOut):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in known]
+        nodes = [
+            n["NodeID"]
+            for n in ray.nodes()
+            if n["Alive"]
+            and n["NodeID"] not in known
+            and (self.node_resource is None or n["Resources"].get(self.node_resource, 0) > 0)
+        ]
         if self.max_nodes is not None:
             nodes = nodes[: max(self.max_nodes - len(known), 0)]
         actors = {
