@@ -1,17 +1,12 @@
 """RayExecutor on a real two-node Ray cluster started by the test on loopback.
 
-The head and the worker are `ray start --block` processes on 127.0.0.2 (Ray
-rewrites 127.0.0.1 into the machine's outward address; any other loopback
-address is kept). The killed-worker test SIGKILLs the worker node's whole
-process tree (raylet, its actor) while programs run on it.
+The head and the worker are `ray start --block` processes on 127.0.0.2
+(`LocalRayCluster`: Ray rewrites 127.0.0.1 into the machine's outward address;
+any other loopback address is kept). The killed-worker test SIGKILLs the
+worker node's whole process tree (raylet, its actor) while programs run on it.
 """
 
 import functools
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -21,123 +16,20 @@ ray = pytest.importorskip("ray", reason='RayExecutor needs the ray extra: pip in
 from tests.sandbox.conftest import TEST_LIMITS  # noqa: E402
 from wmrl_jax.sandbox import DockerExecutor, InfraError  # noqa: E402
 from wmrl_jax.sandbox.ray_executor import RayExecutor, local_executor_factory  # noqa: E402
-
-HOST = "127.0.0.2"
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-START_TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parent = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    for pid in _descendants(proc.pid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(30)
-
-
-def _alive_nodes() -> list[str]:
-    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-
-
-class Cluster:
-    """A head and a worker node (1 CPU each) on loopback, this process the driver."""
-
-    def __init__(self, logs):
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        self.port = _free_port()
-        self.logs = logs
-        self.head = self._start(
-            "head", "--head", f"--port={self.port}", "--include-dashboard=false"
-        )
-        self.worker = None
-
-    def _start(self, name, *args) -> subprocess.Popen:
-        with open(self.logs / f"{name}.log", "a") as log:
-            return subprocess.Popen(
-                [RAY, "start", *args, f"--node-ip-address={HOST}", "--num-cpus=1", "--block"],
-                env=self.env,
-                start_new_session=True,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def connect(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                ray.init(
-                    address=f"{HOST}:{self.port}",
-                    _node_ip_address=HOST,
-                    log_to_driver=False,
-                    configure_logging=False,
-                )
-                return
-            except Exception:
-                if time.monotonic() > deadline or self.head.poll() is not None:
-                    raise
-                time.sleep(0.5)
-
-    def ensure_worker(self) -> None:
-        """Starts the worker node unless it runs; waits until two nodes are alive."""
-        if self.worker is None or self.worker.poll() is not None:
-            self.worker = self._start("worker", f"--address={HOST}:{self.port}")
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while len(_alive_nodes()) < 2:
-            assert time.monotonic() < deadline, (self.logs / "worker.log").read_text()[-2000:]
-            time.sleep(0.2)
-
-    def kill_worker(self) -> None:
-        _kill_tree(self.worker)
-
-    def head_node(self) -> str:
-        return next(
-            n["NodeID"]
-            for n in ray.nodes()
-            if n["Alive"] and "node:__internal_head__" in n["Resources"]
-        )
-
-    def close(self) -> None:
-        ray.shutdown()
-        for proc in (self.head, self.worker):
-            if proc is not None:
-                _kill_tree(proc)
+from wmrl_jax.sandbox.ray_local import LocalRayCluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    c = Cluster(tmp_path_factory.mktemp("ray"))
-    try:
-        c.connect()
-        c.ensure_worker()
+    """A head and a worker node (1 CPU each) on loopback; this process is the driver."""
+    with LocalRayCluster(workers=1, log_dir=str(tmp_path_factory.mktemp("ray"))) as c:
         yield c
-    finally:
-        c.close()
+
+
+def ensure_worker(cluster) -> None:
+    """The worker node runs (a test that killed it does not decide the next one's)."""
+    if not cluster.worker_running(len(cluster.workers) - 1):
+        cluster.add_worker()
 
 
 def test_docker_nodes_run_each_program_once_and_unpack_inputs_once_per_node(
@@ -153,7 +45,7 @@ def test_docker_nodes_run_each_program_once_and_unpack_inputs_once_per_node(
         "n = sum(map(int, open('input/numbers.txt').read().split()))\n"
         "print(os.environ['WMRL_TAG'] if 'WMRL_TAG' in os.environ else n, {i})\n"
     )
-    cluster.ensure_worker()
+    ensure_worker(cluster)
     with RayExecutor(slots_per_node=2, make_executor=make) as ex:
         assert ex.environment.startswith(f"ray:docker:{docker_available}@")
         assert len(ex.live_workers) == 2
@@ -161,7 +53,7 @@ def test_docker_nodes_run_each_program_once_and_unpack_inputs_once_per_node(
         results = [f.result(timeout=120) for f in futures]
         assert [r.status for r in results] == ["ok"] * 6, [r.stderr for r in results]
         assert [r.stdout for r in results] == [f"10 {i}\n" for i in range(6)]
-        assert sorted(ex.per_worker) == sorted(_alive_nodes())  # both nodes ran programs
+        assert sorted(ex.per_worker) == sorted(cluster.alive_nodes())  # both nodes ran programs
         assert sum(ex.per_worker.values()) == 6
         stats = ex.node_stats()
         assert [s["inputs_unpacked"] for s in stats.values()] == [1, 1]
@@ -170,7 +62,7 @@ def test_docker_nodes_run_each_program_once_and_unpack_inputs_once_per_node(
 
 
 def test_node_resource_selects_the_nodes_that_get_sandboxes(cluster):
-    cluster.ensure_worker()
+    ensure_worker(cluster)
     make = local_executor_factory(limits=TEST_LIMITS, timeout_s=60)
     head = cluster.head_node()
     with RayExecutor(
@@ -184,7 +76,7 @@ def test_node_resource_selects_the_nodes_that_get_sandboxes(cluster):
 
 def test_killed_worker_mid_batch_reruns_its_programs_on_the_head(cluster):
     make = local_executor_factory(limits=TEST_LIMITS, timeout_s=60)
-    cluster.ensure_worker()
+    ensure_worker(cluster)
     with RayExecutor(slots_per_node=2, make_executor=make, max_retries=2) as ex:
         head = cluster.head_node()
         (other,) = [n for n in ex.live_workers if n != head]
@@ -193,7 +85,7 @@ def test_killed_worker_mid_batch_reruns_its_programs_on_the_head(cluster):
         while ex.busy.get(other, 0) < 2:  # both of the worker's slots hold a program
             assert time.monotonic() < deadline, ex.busy
             time.sleep(0.05)
-        cluster.kill_worker()
+        cluster.kill_worker(len(cluster.workers) - 1)
         results = [f.result(timeout=120) for f in futures]
         assert [r.status for r in results] == ["ok"] * 6, [r.message for r in results]
         assert sorted(r.stdout for r in results) == [f"{i}\n" for i in range(6)]
