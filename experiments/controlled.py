@@ -14,7 +14,7 @@ import pathlib
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from wmrl_jax.train import controlled, report
+from wmrl_jax.studies import controlled, report
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/controlled.py", "Study config.", lock_config=True

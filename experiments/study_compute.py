@@ -21,7 +21,8 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from wmrl_jax.train import report, study
+from wmrl_jax.studies import compute as study
+from wmrl_jax.studies import report
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/study_compute.py", "Study config.", lock_config=True

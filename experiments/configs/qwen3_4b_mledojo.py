@@ -1,7 +1,7 @@
 r"""WMRL on MLE-Dojo with a Qwen3-4B-architecture checkpoint on one GPU host.
 
     python -m experiments.train --config=experiments/configs/qwen3_4b_mledojo.py \
-        --config.agent.checkpoint=/path/to/Qwen3-4B \
+        --config.agent.text.checkpoint=/path/to/Qwen3-4B \
         --config.tasks.path=/path/to/mle-dojo/prepared \
         --config.tasks.views=/path/to/views \
         --config.tasks.split_file=/path/to/competition.json \
@@ -18,7 +18,7 @@ JSON world-model answers, sharded step) at toy scale: a tiny committed
 checkpoint, the built-in suite, the local executor, a few seconds on a CPU.
 """
 
-from experiments.configs import common
+from wmrl_jax.train.config import base_config
 
 SIZES = {
     "4b": dict(mesh=(1, 8, 1), micro=8, lr=1e-6),
@@ -27,23 +27,21 @@ SIZES = {
 
 
 def mledojo_config(size: str, arg: str | None):
-    config = common.base_config()
+    config = base_config("text")
     s = SIZES[size]
     config.num_steps = 200
     config.tasks_per_step = 16
     config.group_size = 8
     config.eval_every = 20
     config.tasks.source = "mle_dojo"
-    config.agent.kind = "text"
-    config.agent.dtype = "bfloat16"
-    config.agent.max_prompt_tokens = 4096
-    config.agent.max_new_tokens = 4096
-    config.agent.wm_max_new_tokens = 512
-    config.agent.wm_samples = 4
-    config.agent.anchors_per_task = 2
-    config.agent.temperature = 1.0
-    config.agent.top_p = 1.0
-    config.warm_start.steps = 0
+    config.agent.text.dtype = "bfloat16"
+    config.agent.text.max_prompt_tokens = 4096
+    config.agent.text.max_new_tokens = 4096
+    config.agent.text.wm_max_new_tokens = 512
+    config.agent.text.wm_samples = 4
+    config.agent.text.anchors_per_task = 2
+    config.agent.text.temperature = 1.0
+    config.agent.text.top_p = 1.0
     config.executor.kind = "docker"
     config.executor.workers = 32
     config.executor.timeout_s = 3600.0
@@ -56,7 +54,6 @@ def mledojo_config(size: str, arg: str | None):
     config.train.num_epochs = 1
     config.train.compute_dtype = "bfloat16"
     config.train.loss.kl_coef = 0.0
-    config.train.loss.aux_coef = 0.0  # Free-form JSON answers: no score-bin targets.
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = s["mesh"]
     config.checkpoint.every = 10
     config.checkpoint.keep = 3
@@ -66,12 +63,12 @@ def mledojo_config(size: str, arg: str | None):
         config.group_size = 2
         config.eval_every = 1
         config.tasks.source = "builtin"
-        config.agent.checkpoint = "tests/models/fixtures/qwen3_gqa1_tied"
-        config.agent.dtype = "float32"
-        config.agent.max_prompt_tokens = 1024  # The fixture tokenizer is byte-level.
-        config.agent.max_new_tokens = 16
-        config.agent.wm_max_new_tokens = 8
-        config.agent.wm_samples = 2
+        config.agent.text.checkpoint = "tests/models/fixtures/qwen3_gqa1_tied"
+        config.agent.text.dtype = "float32"
+        config.agent.text.max_prompt_tokens = 1024  # The fixture tokenizer is byte-level.
+        config.agent.text.max_new_tokens = 16
+        config.agent.text.wm_max_new_tokens = 8
+        config.agent.text.wm_samples = 2
         config.executor.kind = "local"
         config.executor.workers = 2
         config.executor.timeout_s = 30.0

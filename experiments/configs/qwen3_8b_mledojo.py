@@ -1,7 +1,7 @@
 r"""WMRL on MLE-Dojo with a Qwen3-8B-architecture checkpoint on one GPU host.
 
     python -m experiments.train --config=experiments/configs/qwen3_8b_mledojo.py \
-        --config.agent.checkpoint=/path/to/Qwen3-8B --config.tasks.path=... (as for 4B)
+        --config.agent.text.checkpoint=/path/to/Qwen3-8B --config.tasks.path=... (as for 4B)
 
 Everything as in `qwen3_4b_mledojo.py` except the learning rate and the
 number of micro-batches; ``:runlocal`` is the same toy-scale check.

@@ -11,12 +11,12 @@ a few steps) is what the tests run.
 
 import ml_collections
 
-from experiments.configs import common
+from wmrl_jax.train.config import base_config
 
 
 def get_config(arg: str | None = None):
     """Returns the study config; `arg` selects a variant ("runlocal")."""
-    config = common.base_config()
+    config = base_config()
     config.executor.kind = "replay"
     config.num_steps = 40
     config.tasks_per_step = 20  # 20 groups: ρ = 0.05 is one anchor group per step.
@@ -38,7 +38,7 @@ def get_config(arg: str | None = None):
         config.num_steps = 4
         config.tasks_per_step = 4
         config.eval_every = 2
-        config.warm_start.steps = 5
+        config.agent.recipe.warm_start.steps = 5
         config.study.num_seeds = 1
         config.study.rho_sweep = (0.1, 0.5)
         config.study.warm_sweep = (5, 10)

@@ -15,19 +15,19 @@ e.g. ``--config.anchor_fraction=0.2``; the config is locked, so a typo fails
 before any work.
 """
 
-from experiments.configs import common
+from wmrl_jax.train.config import base_config
 
 
 def get_config(arg: str | None = None):
     """Returns the tiny CPU config; `arg` selects a variant ("runlocal")."""
-    config = common.base_config()
+    config = base_config()
     if arg == "runlocal":
         config.num_steps = 2
         config.tasks_per_step = 2
         config.group_size = 4
         config.eval_every = 2
         config.checkpoint.every = 1
-        config.warm_start.steps = 5
+        config.agent.recipe.warm_start.steps = 5
     elif arg:
         raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
     config.lock()

@@ -15,7 +15,7 @@ from flax import nnx
 from wmrl_jax.models import api
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.ledger import Ledger
-from wmrl_jax.train.metrics import MetricWriter, read_jsonl, read_tensorboard_scalars
+from wmrl_jax.train.writer import MetricWriter, read_jsonl, read_tensorboard_scalars
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "models", "fixtures", "qwen3_gqa1_tied")
 
@@ -243,7 +243,7 @@ def toy_run(workdir, *, num_steps, stop_after=None, seed=0):
     else:
         state, meta = ckpt.restore(abstract_state=jax.eval_shape(lambda: init))
         position, total = meta["position"], Ledger.from_dict(meta["ledger"])
-    writer = MetricWriter(workdir, resume_step=start if start else None, progress_bar=False)
+    writer = MetricWriter(workdir, resume_step=start if start else None)
     for step in range(start + 1, num_steps + 1):
         task, position = tasks[position % len(tasks)], position + 1
         rng, key = jax.random.split(state["rng"])

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer, compute_ratio, ledger_scalars
+from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer
 
 
 class FakeClock:
@@ -106,15 +106,3 @@ def test_timer_records_on_exception():
         with timer:
             raise RuntimeError("boom")
     assert timer.seconds == 3.0
-
-
-def test_scalars_and_ratio():
-    step = Ledger(gen_seconds=1.0, exec_seconds=3.0)
-    total = Ledger(gen_seconds=4.0, exec_seconds=6.0, train_seconds=9.0)
-    scalars = ledger_scalars(step, total)
-    assert scalars["compute_seconds"] == 10.0
-    assert scalars["ledger/step/compute_seconds"] == 4.0
-    assert scalars["ledger/total/train_seconds"] == 9.0
-    assert scalars["ledger/step/exec_seconds"] == 3.0
-    assert compute_ratio(step, total) == 0.4
-    assert math.isnan(compute_ratio(step, Ledger()))

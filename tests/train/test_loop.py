@@ -11,18 +11,24 @@ import numpy as np
 import pytest
 
 from experiments.configs import tiny_cpu
+from wmrl_jax.agents.base import WMOutput
 from wmrl_jax.envs.outcomes import Outcome
-from wmrl_jax.train import components, loop
-from wmrl_jax.train.agent import WMOutput
+from wmrl_jax.train import builder, loop
+from wmrl_jax.train.config import ConfigError, override
 
 
 def _config(**overrides):
-    base = {"executor.kind": "replay", "num_steps": 3, "eval_every": 3, "checkpoint.every": 1}
-    return components.override(tiny_cpu.get_config("runlocal"), **{**base, **overrides})
+    # Without the execution cache every anchor row is one execution (exact counts below);
+    # the resume and budget tests turn it on.
+    base = {"executor.kind": "replay", "num_steps": 3, "eval_every": 3, "checkpoint.every": 1,
+            "executor.cache": False}  # fmt: skip
+    return override(tiny_cpu.get_config("runlocal"), **{**base, **overrides})
 
 
 class _Wrapped:
     """An outcome source that rewrites the replay executor's answers."""
+
+    fingerprint = None
 
     def __init__(self, inner, rewrite):
         self.inner, self.rewrite, self.calls = inner, rewrite, 0
@@ -39,7 +45,7 @@ class _Wrapped:
 
 
 def _replay(config):
-    return components.make_outcomes(config)[0]
+    return builder.make_outcomes(config)[0]
 
 
 def _strip(history):
@@ -47,37 +53,7 @@ def _strip(history):
     return [{k: v for k, v in h.items() if "seconds" not in k} for h in history]
 
 
-def test_choose_anchor_groups():
-    key = jax.random.key(0)
-    kw = dict(num_groups=10, fraction=0.1, policy="random")
-    assert choose(key, "real", **kw).all()
-    assert not choose(key, "wm_naive", **kw).any()
-    assert choose(key, "wmrl", **kw).sum() == 1
-    assert choose(key, "wmrl", **{**kw, "fraction": 0.0}).sum() == 1  # At least one group.
-    assert choose(key, "wmrl", **{**kw, "fraction": 0.3}).sum() == 3
-    var = np.arange(10.0)
-    picked = choose(key, "wmrl", **{**kw, "fraction": 0.2, "policy": "uncertain"}, group_var=var)
-    assert np.flatnonzero(picked).tolist() == [8, 9]
-
-
-def choose(key, arm, **kw):
-    return loop.choose_anchor_groups(key, arm=arm, **kw)
-
-
-def test_step_tasks_is_a_function_of_seed_and_step():
-    tasks = list(range(12))
-    a = loop.step_tasks(tasks, seed=0, step=3, count=5)
-    assert a == loop.step_tasks(tasks, seed=0, step=3, count=5)
-    assert len(set(a)) == 5
-    assert a != loop.step_tasks(tasks, seed=0, step=4, count=5)
-    b = loop.step_tasks(tasks, seed=0, step=3, count=30)  # More groups than tasks.
-    assert (
-        sorted(set(b)) == tasks
-        and max(b.count(t) for t in tasks) - min(b.count(t) for t in tasks) <= 1
-    )
-
-
-@pytest.mark.parametrize("arm", ["real", "wm_naive", "wm_debias", "wmrl"])
+@pytest.mark.parametrize("arm", ["real", "anchors_only", "wm_naive", "wm_debias", "wmrl"])
 def test_every_arm_runs_and_logs(tmp_path, arm):
     config = _config(arm=arm, num_steps=2, eval_every=2)
     summary = loop.train_and_evaluate(config, str(tmp_path))
@@ -87,13 +63,19 @@ def test_every_arm_runs_and_logs(tmp_path, arm):
     expected = {"real": 2 * tasks * g, "wm_naive": 0}.get(arm, 2 * g)
     assert ledger["executions"] == expected
     assert (ledger["exec_seconds"] > 0) == (expected > 0)
-    assert ledger["gen_tokens"] > 0 and (ledger["wm_tokens"] > 0) == (arm != "real")
+    with_wm = arm not in ("real", "anchors_only")
+    assert ledger["gen_tokens"] > 0 and (ledger["wm_tokens"] > 0) == with_wm
+    last = summary["steps"][-1]
+    # anchors_only trains on its executed group alone: the others are masked out.
+    masked = {"anchors_only": (tasks - 1) * g}.get(arm, 0)
+    assert last["reward/masked_rows"] == masked
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # Step 0 (the evaluation before training), 1 and 2.
 
 
 def test_resume_gives_the_same_run(tmp_path):
-    config = _config(num_steps=4, eval_every=2, **{"checkpoint.every": 10})
+    # With the execution cache: it travels with the checkpoint.
+    config = _config(num_steps=4, eval_every=2, **{"checkpoint.every": 10, "executor.cache": True})
     full = loop.train_and_evaluate(config, str(tmp_path / "full"))
     first = loop.Trainer(config, str(tmp_path / "split"))
     first.run(until=3)  # Preempted after step 3 (checkpointed there).
@@ -101,6 +83,8 @@ def test_resume_gives_the_same_run(tmp_path):
     resumed = loop.train_and_evaluate(config, str(tmp_path / "split"))
     assert _strip(resumed["history"]) == _strip(full["history"])
     assert resumed["ledger"]["executions"] == full["ledger"]["executions"]
+    assert resumed["ledger"]["cached"] == full["ledger"]["cached"]
+    assert _strip(resumed["steps"]) == _strip(full["steps"])  # summary.json keeps every step
     assert resumed["ledger"]["gen_tokens"] == full["ledger"]["gen_tokens"]
 
 
@@ -108,10 +92,16 @@ def test_resume_refuses_checkpoints_of_another_run(tmp_path):
     config = _config(num_steps=1, eval_every=1)
     workdir = str(tmp_path / "run")
     loop.train_and_evaluate(config, workdir)
-    # Longer training and another evaluation cadence continue the same run.
-    longer = components.override(config, num_steps=2, eval_every=2)
+    # The schedule spans num_steps: a longer run would change the learning rates.
+    with pytest.raises(ValueError, match="learning-rate schedule's length"):
+        loop.Trainer(override(config, num_steps=2), workdir)
+    # With a fixed schedule, longer training and another cadence continue the same run.
+    config = override(config, **{"optimizer.total_steps": 10})
+    workdir = str(tmp_path / "fixed")
+    loop.train_and_evaluate(config, workdir)
+    longer = override(config, num_steps=2, eval_every=2)
     assert loop.train_and_evaluate(longer, workdir)["ledger"]["executions"] > 0
-    other = components.override(longer, seed=longer.seed + 1, **{"train.loss.kl_coef": 0.5})
+    other = override(longer, seed=longer.seed + 1, **{"train.loss.kl_coef": 0.5})
     with pytest.raises(ValueError, match=r"another run \(config seed; config train.loss.kl_coef\)"):
         loop.Trainer(other, workdir)
     # The same config on a table whose answers changed (a refreshed board, a rebuild).
@@ -194,11 +184,30 @@ def test_world_model_that_never_parses_degrades_to_anchors(tmp_path, caplog):
         ("executor.kind", "cloud", "config.executor.kind"),
         ("anchor_fraction", 1.5, "config.anchor_fraction"),
         ("group_size", 1, "config.group_size"),
-        ("agent.kind", "text", "config.agent.checkpoint"),
+        ("agent.kind", "text", "config.agent.text"),
+        ("correction.real_var_prior", math.nan, "config.correction.real_var_prior"),
+        ("checkpoint.every", 0, "config.checkpoint.every"),
+        ("agent.recipe.warm_start.steps", -1, "config.agent.recipe.warm_start.steps"),
+        ("budget.compute_seconds", 100.0, "optimizer.total_steps"),
     ],
 )
 def test_bad_configs_fail_before_any_work(tmp_path, field, value, match):
     config = _config(**{field: value})
-    with pytest.raises(components.ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match):
         loop.Trainer(config, str(tmp_path))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_equal_compute_budget_stops_and_evaluates_on_the_compute_grid(tmp_path):
+    config = _config(
+        arm="real", num_steps=50, **{"budget.compute_seconds": 60.0, "budget.eval_points": 3,
+                                     "optimizer.total_steps": 50, "executor.cache": True}
+    )  # fmt: skip
+    summary = loop.train_and_evaluate(config, str(tmp_path))
+    spent = [h["gen_seconds"] + h["wm_seconds"] + h["exec_seconds"] for h in summary["history"]]
+    assert spent[-1] >= 60.0 and len(summary["steps"]) < 50  # Stopped by the budget.
+    before_last = summary["steps"][-2]["ledger/compute_seconds"]
+    assert before_last < 60.0  # ... at the first step that reached it.
+    # One evaluation at the start, one per grid point crossed (20, 40, 60 s).
+    crossed = [int(s // 20.0) for s in spent]
+    assert crossed == sorted(set(crossed)) and crossed[0] == 0 and crossed[-1] >= 3

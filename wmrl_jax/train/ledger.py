@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
-__all__ = ["Ledger", "LedgerStep", "Timer", "compute_ratio", "ledger_scalars"]
+__all__ = ["Ledger", "LedgerStep", "Timer"]
 
 
 class Ledger(NamedTuple):
@@ -51,6 +51,8 @@ class Ledger(NamedTuple):
         train_seconds: wall seconds of the train step (not in `compute_seconds`).
         accelerator_seconds: device-seconds when known, else 0 (not in
             `compute_seconds`).
+        cached: executions answered from the run's execution cache (a repeat of
+            a program already executed on that task): reported, not charged.
     """
 
     gen_tokens: float = 0.0
@@ -61,6 +63,7 @@ class Ledger(NamedTuple):
     exec_seconds: float = 0.0
     train_seconds: float = 0.0
     accelerator_seconds: float = 0.0
+    cached: float = 0.0
 
     def add(self, other: "Ledger") -> "Ledger":
         """Fieldwise sum (e.g. cumulative total plus this step)."""
@@ -172,25 +175,3 @@ class LedgerStep:
     def ledger(self) -> Ledger:
         """The step's counts so far."""
         return Ledger(**self._values)
-
-
-def ledger_scalars(step: Ledger, total: Ledger) -> dict[str, float]:
-    """Flat scalars for logging: `ledger/step/<field>`, `ledger/total/<field>` and headlines.
-
-    `compute_seconds` is the cumulative headline (`total.compute_seconds`) and
-    `ledger/step/compute_seconds` the step's share.
-    """
-    out = {f"ledger/step/{k}": v for k, v in step.to_dict().items()}
-    out.update({f"ledger/total/{k}": v for k, v in total.to_dict().items()})
-    out["ledger/step/compute_seconds"] = step.compute_seconds
-    out["compute_seconds"] = total.compute_seconds
-    return out
-
-
-def compute_ratio(method: Ledger, baseline: Ledger) -> float:
-    """`method.compute_seconds / baseline.compute_seconds`; NaN if the baseline is 0.
-
-    Below 1 means the method used less compute (the "compute reduction" is 1 - ratio).
-    """
-    denominator = baseline.compute_seconds
-    return method.compute_seconds / denominator if denominator > 0 else math.nan

@@ -1,27 +1,25 @@
-"""The WMRL training loop: rollout → world model → anchors → correction → GRPO update.
+"""The WMRL trainer: rollout → world model → anchors → execution → correction → GRPO update.
 
     summary = train_and_evaluate(config, workdir)
 
-One step, as in DESIGN.md section 3:
+One step (`Trainer._step`, its stages in `wmrl_jax.train.stages`):
 
 1. sample `tasks_per_step` train tasks (a pure function of the seed and the
    step, so the task iterator's position is the step);
 2. the agent samples G programs per task;
-3. anchor groups (a fraction ρ, at least one; every group for `real`, none
-   for `wm_naive`) go to the executor at once, and the world-model pass over
-   all groups runs while they execute;
+3. the arm (`wmrl_jax.train.arms`) decides which groups are executed — all,
+   the anchors (a fraction ρ, at least one) or none — and they go to the
+   outcome source at once; the world-model pass over all groups runs while
+   they execute;
 4. outcomes come back: timeouts and crashes are rewards; infrastructure
    errors are retried, then handled as `executor.on_infra_error` says;
    non-finite rewards are rejected and counted;
 5. the reward correction (Online Debiasing, IVD) turns predictions and anchor
-   scores into the rewards fed to GRPO; group advantages; the sharded train
-   step updates the policy;
-6. the ledger, metrics, checkpoints and (every `eval_every` steps) a held-out
-   evaluation: greedy programs on held-out tasks, executed for real.
-
-Executions made for held-out evaluation are measurement, not training cost:
-they are logged (`eval/*`) but not charged to the ledger, so every arm pays
-the same for them and compute-to-target compares training cost alone.
+   scores into the rewards fed to GRPO; rows without a usable reward are
+   masked out of the group statistics and the loss; the sharded train step
+   updates the policy;
+6. the ledger, metrics, step hooks, checkpoints and (every `eval_every`
+   steps) a held-out evaluation (`wmrl_jax.train.evaluation`).
 """
 
 from __future__ import annotations
@@ -29,28 +27,32 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from wmrl_jax.core import grpo
-from wmrl_jax.envs.task import Task
-from wmrl_jax.train import components
+from wmrl_jax import agents
+from wmrl_jax.train import arms, builder, stages
 from wmrl_jax.train import step as step_lib
-from wmrl_jax.train.agent import Agent, Rollout, WMOutput
-from wmrl_jax.train.checkpoint import Checkpointer
-from wmrl_jax.train.ledger import Ledger
-from wmrl_jax.train.metrics import MetricWriter
+from wmrl_jax.train.checkpoint import Checkpointer, export_hf
+from wmrl_jax.train.config import validate_config
+from wmrl_jax.train.console import Console
+from wmrl_jax.train.evaluation import evaluate
+from wmrl_jax.train.execution import Runner
+from wmrl_jax.train.ledger import Ledger, LedgerStep
+from wmrl_jax.train.stages import StepRecord
+from wmrl_jax.train.writer import MetricWriter
 
 log = logging.getLogger(__name__)
 
 # Config keys a resumed run may change: how long it trains, how often it evaluates,
 # which checkpoints it keeps. A change to any other key makes it another run.
 RESUMABLE_KEYS = ("num_steps", "eval_every", "checkpoint")
+
+StepHook = Callable[[StepRecord], Mapping[str, float]]
 
 
 def resume_mismatch(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -68,210 +70,60 @@ def resume_mismatch(saved: dict, current: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def step_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> list[Task]:
-    """The tasks of one step, a pure function of (seed, step).
-
-    Without replacement when `count <= len(tasks)`; otherwise every task
-    appears `count // len(tasks)` or one more times (one group each).
-    """
-    rng = np.random.default_rng([seed, step])
-    reps = -(-count // len(tasks))
-    idx = np.concatenate([rng.permutation(len(tasks)) for _ in range(reps)])[:count]
-    return [tasks[i] for i in sorted(idx)]
-
-
-def choose_anchor_groups(
-    key, *, arm: str, num_groups: int, fraction: float, policy: str, group_var=None
-) -> np.ndarray:
-    """Which groups are executed for real: bool of shape [num_groups].
-
-    `real` executes every group and `wm_naive` none. Otherwise
-    `max(1, round(fraction * num_groups))` groups: uniformly at random, or
-    with policy "uncertain" those whose mean WM variance (`group_var`, of shape
-    [num_groups]) is largest.
-    """
-    if arm == "real":
-        return np.ones(num_groups, bool)
-    if arm == "wm_naive":
-        return np.zeros(num_groups, bool)
-    k = min(num_groups, max(1, int(round(fraction * num_groups))))
-    if policy == "uncertain" and group_var is not None:
-        order = np.argsort(-np.nan_to_num(np.asarray(group_var), nan=np.inf), kind="stable")
-    else:
-        order = np.asarray(jax.random.permutation(key, num_groups))
-    mask = np.zeros(num_groups, bool)
-    mask[order[:k]] = True
-    return mask
-
-
-class Outcomes:
-    """Runs a step's anchors: submit, retry infrastructure errors, reject bad rewards."""
-
-    def __init__(self, source, *, retries: int, on_infra_error: str):
-        self.source, self.retries, self.on_infra_error = source, retries, on_infra_error
-
-    def submit(self, tasks: Sequence[Task], programs: Sequence[str], rows: Sequence[int], g: int):
-        return {i: self.source.submit(tasks[i // g], programs[i]) for i in rows}
-
-    def collect(self, futures, tasks, programs, g: int) -> tuple[dict, dict]:
-        """Waits for `futures`; returns `({row: Outcome}, counts)`; dropped rows are absent."""
-        done, counts = {}, {"infra_errors": 0, "dropped": 0, "nonfinite": 0}
-        for i, fut in futures.items():
-            out = fut.result()
-            for _ in range(self.retries):
-                if out.status != "infra_error":
-                    break
-                counts["infra_errors"] += 1
-                out = self.source.submit(tasks[i // g], programs[i]).result()
-            if out.status == "infra_error":
-                counts["infra_errors"] += 1
-                if self.on_infra_error == "raise":
-                    raise RuntimeError(
-                        f"sandbox infrastructure error, retries spent: {out.message}"
-                    )
-                counts["dropped"] += 1
-                continue
-            if not np.isfinite(out.reward):
-                counts["nonfinite"] += 1
-                continue
-            done[i] = out
-        if counts["dropped"]:
-            log.warning(
-                "%d anchor executions failed for infrastructure reasons after %d retries; "
-                "those samples fall back to world-model rewards this step",
-                counts["dropped"],
-                self.retries,
-            )
-        if counts["nonfinite"]:
-            log.warning("%d non-finite rewards rejected this step", counts["nonfinite"])
-        return done, counts
-
-
-def evaluate(
-    agent: Agent, params, tasks: Sequence[Task], source, *, samples: int = 0, key=None
-) -> dict[str, float]:
-    """Held-out programs executed for real: mean leaderboard percentile (invalid counts 0).
-
-    With `samples == 0`, one greedy program per task; otherwise `samples`
-    programs per task from the policy (the expected percentile, a smoother
-    measure than greedy's single pick; use the same `key` at every evaluation).
-    """
-    if samples > 0:
-        rollout = agent.rollout(params, tasks, group_size=samples, key=key)
-        programs, owners = rollout.programs, [t for t in tasks for _ in range(samples)]
-    else:
-        programs, owners = agent.greedy_programs(params, tasks), list(tasks)
-    futures = [source.submit(t, p) for t, p in zip(owners, programs, strict=True)]
-    outs = [f.result() for f in futures]
-    pct = np.array([o.percentile if o.status == "ok" and np.isfinite(o.percentile) else 0.0
-                    for o in outs]).reshape(len(tasks), -1)  # fmt: skip
-    result = {
-        "eval/heldout_percentile": float(pct.mean()),
-        "eval/valid_fraction": float(np.mean([o.status == "ok" for o in outs])),
-        "eval/exec_seconds": float(sum(o.seconds for o in outs)),
-    }
-    per_task = pct.mean(axis=1)
-    result.update(
-        {f"eval/percentile/{t.id}": float(p) for t, p in zip(tasks, per_task, strict=True)}
-    )
-    return result
-
-
-def _group_rank_corr(a: np.ndarray, b: np.ndarray, g: int) -> float:
-    """Mean over groups of the Spearman correlation of a and b within each group."""
-    from scipy.stats import spearmanr
-
-    out = []
-    for x, y in zip(a.reshape(-1, g), b.reshape(-1, g), strict=True):
-        ok = np.isfinite(x) & np.isfinite(y)
-        if ok.sum() > 2 and np.ptp(x[ok]) > 0 and np.ptp(y[ok]) > 0:
-            out.append(spearmanr(x[ok], y[ok])[0])
-    return float(np.mean(out)) if out else float("nan")
-
-
-def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
-    """How far the fed rewards (and the raw WM) are from every sample's true reward."""
-    err = rewards - truth
-    m = {
-        "oracle/true_reward": float(np.mean(truth)),
-        "oracle/fed_bias": float(np.mean(err[valid])) if valid.any() else np.nan,
-        "oracle/fed_error_var": float(np.var(err[valid])) if valid.any() else np.nan,
-        "oracle/fed_group_rank_corr": _group_rank_corr(np.where(valid, rewards, np.nan), truth, g),
-    }
-    if wm_mean is not None and np.isfinite(wm_mean).any():
-        m["oracle/wm_bias"] = float(np.nanmean(wm_mean - truth))
-        m["oracle/wm_group_rank_corr"] = _group_rank_corr(wm_mean, truth, g)
-    return m
-
-
-def _advantages(rewards: np.ndarray, valid: np.ndarray, g: int, mode: str) -> np.ndarray:
-    adv = jax.vmap(lambda r, m: grpo.group_advantages(r, mode=mode, mask=m))(
-        jnp.asarray(rewards.reshape(-1, g)), jnp.asarray(valid.reshape(-1, g))
-    )
-    return np.asarray(adv, np.float32).reshape(-1)
-
-
 class Trainer:
     """Holds the parts of one run; `run()` trains, evaluates and checkpoints.
 
     Args:
-      config: a training config (see `experiments/configs/tiny_cpu.py`).
+      config: a training config (`wmrl_jax.train.config.base_config`).
       workdir: checkpoints, metrics and plots go here.
       outcomes: optional outcome source overriding `config.executor` (tests, studies).
-      prebuilt: optional `(agent, params, info)` from `components.make_recipe_agent`,
-        so a study warm-starts once per seed and starts every arm from the same policy.
+      prebuilt: optional `agents.Built` (e.g. from `builder.build_agent`), so a study
+        warm-starts once per seed and starts every arm from the same policy.
+      hooks: step hooks: called with each finished `StepRecord`; their scalars
+        join the step's metrics (the studies' oracle metrics).
+      console: print one line per step (and the evaluations) to stdout.
     """
 
     def __init__(
-        self, config: ml_collections.ConfigDict, workdir: str, *, outcomes=None, prebuilt=None
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        *,
+        outcomes=None,
+        prebuilt: agents.Built | None = None,
+        hooks: Sequence[StepHook] = (),
+        console: bool = False,
     ):
-        components.validate_config(config)
+        validate_config(config)
         self.config, self.workdir = config, workdir
+        self.arm = arms.get(config.arm)
+        self.hooks = tuple(hooks)
+        self.console = Console(enabled=console)
         os.makedirs(workdir, exist_ok=True)
-        self.tasks = components.load_tasks(config)
-        key = jax.random.key(config.seed)
-        self.key, model_key = jax.random.split(key)
-        self.table = None
-        if prebuilt is not None:
-            self.agent, params, self.info = prebuilt
-        elif config.agent.kind == "recipe":
-            self.table = components.load_table(config)
-            self.agent, params, self.info = components.make_recipe_agent(
-                config, self.tasks, self.table, model_key
-            )
-        else:
-            self.agent, params, self.info = components.make_text_agent(config)
+        self.tasks = builder.load_tasks(config)
+        self.key, model_key = jax.random.split(jax.random.key(config.seed))
+        self.built = prebuilt or builder.build_agent(config, self.tasks, model_key)
+        self.agent = self.built.agent
         if outcomes is None:
-            outcomes, env = components.make_outcomes(config, table=self.table)
+            outcomes, self.environment = builder.make_outcomes(config)
         else:
-            env = type(outcomes).__name__
-        self.environment = env
+            self.environment = type(outcomes).__name__
         self.source = outcomes
-        # Replay sources name what decides their answers (the table); sandboxes execute.
-        self.fingerprint = getattr(outcomes, "fingerprint", None)
-        self.outcomes = Outcomes(
+        self.runner = Runner(
             outcomes, retries=config.executor.infra_retries,
-            on_infra_error=config.executor.on_infra_error,
+            on_infra_error=config.executor.on_infra_error, cache=config.executor.cache,
         )  # fmt: skip
-        self.correction = components.make_correction(config)
-        self.optimizer = step_lib.make_optimizer(components.optimizer_config(config))
+        self.correction = builder.make_correction(config)
+        self.optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
         self.mesh = step_lib.make_mesh_from_config(config.mesh)
         self.train_step = step_lib.make_train_step(
-            self.info["graphdef"], self.optimizer, config.train, self.mesh
+            self.built.graphdef, self.optimizer, config.train, self.mesh
         )
-        # A copy: the state is donated to the train step, the run's key is not.
-        key_data = jnp.array(jax.random.key_data(self.key), copy=True)
-        extra = {"correction": self.correction.init(), "key": key_data}
-        # Distinct buffers per leaf: the state is donated, and init may share constants.
-        extra = jax.tree.map(lambda x: jnp.array(x, copy=True), extra)
-        state = step_lib.init_train_state(
-            params, self.optimizer, kl_coef=config.train.loss.kl_coef, extra=extra
-        )
-        self.state = step_lib.shard_state(state, self.mesh)
+        self.state = self._init_state(self.built.params)
         self.ledger = Ledger()
         self.history: list[dict] = []
         self.last_metrics: dict[str, float] = {}
-        self.step_log: list[dict] = []  # This process's steps (not restored on resume).
+        self.step_log: list[dict] = []
         self.checkpointer = Checkpointer(
             os.path.join(workdir, "checkpoints"),
             keep=config.checkpoint.keep,
@@ -279,14 +131,30 @@ class Trainer:
             best_mode="max",
         )
         self.start_step = self._maybe_restore()
-        # "initial": the world model is the warm-started backbone, frozen; "current": the
+        # "initial": the world model is the starting backbone, frozen; "current": the
         # policy's own params (the same weights answer both prompts, and drift with RL).
         self.wm_params = (
-            jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+            jax.tree.map(lambda x: jnp.array(x, copy=True), self.built.params)
             if config.agent.wm_params == "initial"
             else None
         )
         self._correct = jax.jit(self.correction.update)
+
+    def _init_state(self, params):
+        # A copy: the state is donated to the train step, the run's key is not.
+        key_data = jnp.array(jax.random.key_data(self.key), copy=True)
+        extra = {"correction": self.correction.init(), "key": key_data}
+        # Distinct buffers per leaf: the state is donated, and init may share constants.
+        extra = jax.tree.map(lambda x: jnp.array(x, copy=True), extra)
+        state = step_lib.init_train_state(
+            params, self.optimizer, kl_coef=self.config.train.loss.kl_coef, extra=extra
+        )
+        return step_lib.shard_state(state, self.mesh)
+
+    @property
+    def fingerprint(self) -> str | None:
+        """What decides the outcome source's answers (a replay table's digest), or None."""
+        return getattr(self.source, "fingerprint", None)
 
     def _evaluate(self) -> dict[str, float]:
         key = jax.random.fold_in(self.key, -1 % 2**31)  # The same draws at every evaluation.
@@ -294,9 +162,6 @@ class Trainer:
             self.agent, self.state.params, self.tasks.heldout, self.source,
             samples=self.config.eval_samples, key=key,
         )  # fmt: skip
-
-    def _wm(self, params):
-        return params if self.wm_params is None else self.wm_params
 
     # -- checkpoints -------------------------------------------------------
     def _maybe_restore(self) -> int:
@@ -311,6 +176,8 @@ class Trainer:
         self.state, meta = self.checkpointer.restore(abstract_state=abstract)
         self.ledger = Ledger.from_dict(meta["ledger"])
         self.history = list(meta.get("history", []))
+        self.step_log = list(meta.get("steps", []))
+        self.runner.restore_cache(meta.get("execution_cache", []))
         step = int(meta["step"])
         log.info("resumed from step %d (%s)", step, self.checkpointer.directory)
         return step
@@ -324,6 +191,13 @@ class Trainer:
                 json.loads(c) for c in (meta["config"], self.config.to_json_best_effort())
             )
             why += [f"config {k}" for k in resume_mismatch(saved, current)]
+            if saved.get("num_steps") != current["num_steps"] and (
+                current["optimizer"]["total_steps"] < 1
+            ):
+                why.append(
+                    "config num_steps, which sets the learning-rate schedule's length "
+                    "(optimizer.total_steps = -1); fix optimizer.total_steps to extend a run"
+                )
         if meta.get("outcomes_fingerprint") != self.fingerprint:
             why.append(f"outcome source ({meta.get('outcomes_fingerprint')} != {self.fingerprint})")
         if why:
@@ -338,116 +212,113 @@ class Trainer:
             "step": step,
             "ledger": self.ledger.to_dict(),
             "history": self.history,
+            "steps": self.step_log,
             "task_iterator": {"seed": int(self.config.seed), "next_step": step},
             "config": self.config.to_json_best_effort(),
             "outcomes_fingerprint": self.fingerprint,
+            "execution_cache": self.runner.cache_state(),
         }
         self.checkpointer.save(step, self.state, meta, metrics=metrics, force=force)
 
-    # -- one step ----------------------------------------------------------
+    # -- one step, stage by stage --------------------------------------------
     def _step(self, step: int) -> dict[str, float]:
         c = self.config
-        g = c.group_size
         key = jax.random.fold_in(self.key, step)
         k_roll, k_anchor, k_wm, k_train = jax.random.split(key, 4)
-        tasks = step_tasks(self.tasks.train, seed=c.seed, step=step, count=c.tasks_per_step)
+        tasks = stages.step_tasks(self.tasks.train, seed=c.seed, step=step, count=c.tasks_per_step)
+        record = StepRecord(step, tasks, c.group_size)
+        timing = LedgerStep()
         params = self.state.params
-
-        t0 = time.perf_counter()
-        rollout: Rollout = self.agent.rollout(params, tasks, group_size=g, key=k_roll)
-        gen_seconds = time.perf_counter() - t0
-        n = len(rollout.programs)
-        num_groups = n // g
-
-        use_wm = c.arm != "real"
-        wm: WMOutput | None = None
-        wm_seconds = 0.0
-        if c.anchor_policy == "uncertain" and use_wm:
-            t0 = time.perf_counter()
-            wm = self.agent.predict(self._wm(params), tasks, rollout, key=k_wm)
-            wm_seconds = time.perf_counter() - t0
-        group_var = None if wm is None else np.nanmean(wm.var.reshape(-1, g), axis=1)
-        groups = choose_anchor_groups(
-            k_anchor, arm=c.arm, num_groups=num_groups, fraction=c.anchor_fraction,
-            policy=c.anchor_policy, group_var=group_var,
-        )  # fmt: skip
-        rows = np.flatnonzero(np.repeat(groups, g))
-        futures = self.outcomes.submit(tasks, rollout.programs, rows, g)
-        if use_wm and wm is None:  # Runs while the anchors execute.
-            t0 = time.perf_counter()
-            wm = self.agent.predict(self._wm(params), tasks, rollout, key=k_wm)
-            wm_seconds = time.perf_counter() - t0
-        done, counts = self.outcomes.collect(futures, tasks, rollout.programs, g)
-        observe = getattr(self.agent, "observe", None)
-        if observe is not None:  # In-context anchors for later world-model prompts.
-            for i, out in done.items():
-                observe(tasks[i // g], rollout.programs[i], out)
-
-        real = np.full(n, np.nan, np.float32)
-        executed = np.zeros(n, bool)
-        for i, out in done.items():
-            real[i], executed[i] = out.reward, True
-        exec_seconds = float(sum(o.seconds for o in done.values()))
-        n_exec = len(done) + counts["dropped"]
-
-        metrics: dict[str, float] = {}
-        if use_wm:
-            rewards, corr_state, diag = self._correct(
-                self.state.extra["correction"], wm.mean, wm.var, real, executed
-            )
-            rewards = np.asarray(rewards, np.float32)
-            self.state = self.state.replace(extra={**self.state.extra, "correction": corr_state})
-            metrics.update({f"correction/{k}": float(v) for k, v in diag.items()})
-            metrics["wm/parse_failures"] = float(wm.parse_failures)
-            if wm.parse_failures == n:
-                log.warning(
-                    "step %d: the world model produced no usable prediction; rewards come "
-                    "from anchors only (the correction's fallback elsewhere)",
-                    step,
-                )
-            valid = np.ones(n, bool)
-        else:
-            rewards = np.where(executed, real, 0.0).astype(np.float32)
-            valid = executed
-        advantages = _advantages(rewards, valid, g, c.advantage)
-        batch = dict(rollout.batch, advantages=advantages)
-        if c.train.loss.aux_coef:  # The backbone keeps learning outcomes from executions.
-            batch.update(self.agent.aux_batch(tasks, rollout, real, executed))
-        t0 = time.perf_counter()
-        self.state, train_metrics = self.train_step(self.state, batch, k_train)
-        train_metrics = {f"train/{k}": float(v) for k, v in jax.device_get(train_metrics).items()}
-        train_seconds = time.perf_counter() - t0
-
-        self.ledger = self.ledger.add(
-            Ledger(
-                gen_tokens=rollout.gen_tokens, gen_seconds=gen_seconds,
-                wm_tokens=0 if wm is None else wm.wm_tokens, wm_seconds=wm_seconds,
-                executions=n_exec, exec_seconds=exec_seconds, train_seconds=train_seconds,
-            )
-        )  # fmt: skip
-        metrics.update(train_metrics)
+        with timing.timed("gen_seconds"):
+            record.rollout = self.agent.rollout(params, tasks, group_size=c.group_size, key=k_roll)
+        if self.arm.world_model and c.anchor_policy == "uncertain":
+            self._world_model(record, k_wm, timing)  # The choice needs the variances.
+        self._choose_anchors(record, k_anchor)
+        pending = self.runner.submit(tasks, record.rollout.programs, self._anchor_rows(record),
+                                     c.group_size)  # fmt: skip
+        if self.arm.world_model and record.wm is None:
+            self._world_model(record, k_wm, timing)  # Runs while the anchors execute.
+        self._collect(record, pending, timing)
+        self._correct_rewards(record)
+        metrics = self._update(record, k_train, timing)
+        record.ledger = timing.ledger()
+        self.ledger = self.ledger.add(record.ledger)
+        metrics.update(stages.step_metrics(record, self.arm))
         metrics.update({f"ledger/{k}": float(v) for k, v in self.ledger.to_dict().items()})
         metrics["ledger/compute_seconds"] = float(self.ledger.compute_seconds)
-        metrics.update({f"anchors/{k}": float(v) for k, v in counts.items()})
-        metrics["reward/fed_mean"] = float(np.mean(rewards[valid])) if valid.any() else np.nan
-        metrics["reward/real_mean"] = float(np.nanmean(real)) if executed.any() else np.nan
-        metrics["anchors/groups"] = float(groups.sum())
-        if wm is not None:
-            ok = np.isfinite(wm.mean)
-            metrics["wm/pred_mean"] = float(np.mean(wm.mean[ok])) if ok.any() else np.nan
-            both = executed & ok
-            if both.any():
-                metrics["wm/raw_bias_on_anchors"] = float(np.mean(wm.mean[both] - real[both]))
-        oracle = getattr(self.source, "lookup", None)
-        if oracle is not None:  # Replay knows every sample's true reward, for free.
-            truth = np.array(
-                [oracle(tasks[i // g], p).reward for i, p in enumerate(rollout.programs)]
-            )
-            metrics.update(
-                oracle_metrics(rewards, valid, truth, None if wm is None else wm.mean, g)
-            )
+        for hook in self.hooks:
+            metrics.update(hook(record))
         return metrics
 
+    def _world_model(self, record: StepRecord, key, timing: LedgerStep) -> None:
+        params = self.state.params if self.wm_params is None else self.wm_params
+        with timing.timed("wm_seconds"):
+            record.wm = self.agent.predict(params, record.tasks, record.rollout, key=key)
+        timing.add(wm_tokens=record.wm.wm_tokens)
+        if record.wm.parse_failures == record.num_rows:
+            log.warning(
+                "step %d: the world model produced no usable prediction; rewards come "
+                "from anchors only (the other rows are masked out of the update)",
+                record.step,
+            )
+
+    def _choose_anchors(self, record: StepRecord, key) -> None:
+        g = record.group_size
+        group_var = None
+        if record.wm is not None:
+            group_var = np.nanmean(record.wm.var.reshape(-1, g), axis=1)
+        record.anchor_groups = arms.choose_anchor_groups(
+            self.arm, key, num_groups=record.num_rows // g, fraction=self.config.anchor_fraction,
+            policy=self.config.anchor_policy, group_var=group_var,
+        )  # fmt: skip
+
+    @staticmethod
+    def _anchor_rows(record: StepRecord) -> np.ndarray:
+        return np.flatnonzero(np.repeat(record.anchor_groups, record.group_size))
+
+    def _collect(self, record: StepRecord, pending: dict, timing: LedgerStep) -> None:
+        g, programs = record.group_size, record.rollout.programs
+        got = self.runner.collect(pending, record.tasks, programs, g)
+        record.outcomes, record.exec_counts = got.outcomes, got.counts
+        for i, out in record.outcomes.items():  # In-context anchors for later WM prompts.
+            self.agent.observe(record.tasks[i // g], programs[i], out)
+        record.real, record.executed = stages.real_rewards(record.outcomes, record.num_rows)
+        timing.add(
+            gen_tokens=record.rollout.gen_tokens,
+            executions=got.executions,
+            exec_seconds=got.exec_seconds,
+            cached=got.counts["cached"],
+        )
+
+    def _correct_rewards(self, record: StepRecord) -> None:
+        if self.arm.world_model:
+            wm = record.wm
+            rewards, corr_state, diag = self._correct(
+                self.state.extra["correction"], wm.mean, wm.var, record.real, record.executed
+            )
+            self.state = self.state.replace(extra={**self.state.extra, "correction": corr_state})
+            record.rewards = np.asarray(rewards, np.float32)
+            record.correction = {k: float(v) for k, v in diag.items()}
+            # An unusable prediction is no reward: masked, unless a real score stands in.
+            valid = np.isfinite(wm.mean) | (record.executed & self.arm.use_real)
+        else:
+            record.rewards, valid = stages.wm_free_rewards(record.real, record.executed)
+        record.valid = stages.finite_rows(record.rewards, valid, step=record.step)
+
+    def _update(self, record: StepRecord, key, timing: LedgerStep) -> dict[str, float]:
+        c = self.config
+        adv = stages.advantages(record.rewards, record.valid, c.group_size, c.advantage)
+        batch = stages.policy_batch(record.rollout, adv, record.valid)
+        if c.train.loss.aux_coef:  # The backbone keeps learning outcomes from executions.
+            batch.update(
+                self.agent.aux_batch(record.tasks, record.rollout, record.real, record.executed)
+            )
+        with timing.timed("train_seconds"):
+            self.state, train_metrics = self.train_step(self.state, batch, key)
+            train_metrics = jax.device_get(train_metrics)
+        return {f"train/{k}": float(v) for k, v in train_metrics.items()}
+
+    # -- the run -----------------------------------------------------------
     def run(self, *, until: int | None = None) -> dict:
         """Trains from the current step to `config.num_steps`; returns the summary.
 
@@ -457,37 +328,39 @@ class Trainer:
         """
         c = self.config
         last = c.num_steps if until is None else min(until, c.num_steps)
+        schedule = EvalSchedule(c)
         writer = MetricWriter(
             self.workdir,
-            progress_total=c.num_steps,
             resume_step=self.start_step or None,
             # No checkpoint yet: whatever an earlier, unfinished run logged is stale.
             overwrite=self.start_step == 0,
         )
+        self.console.start(self.start_step, c.num_steps, arm=c.arm, environment=self.environment)
         try:
             if self.start_step == 0:
                 ev = self._evaluate()
                 self.history.append({"step": 0, **self.ledger.to_dict(), **ev})
                 writer.write(0, ev)
-            for step in range(self.start_step + 1, last + 1):
+                self.console.evaluation(0, ev)
+            step = self.start_step
+            while step < last and not schedule.spent(self.ledger):
+                step += 1
                 metrics = self._step(step)
                 self.last_metrics = metrics
                 self.step_log.append({"step": step, **metrics})
-                if step % c.eval_every == 0 or step == c.num_steps:
+                final = step == c.num_steps or schedule.spent(self.ledger)
+                if final or schedule.due(step, self.ledger, self.history):
                     ev = self._evaluate()
                     metrics.update(ev)
                     self.history.append({"step": step, **self.ledger.to_dict(), **ev})
                 writer.write(step, metrics)
-                writer.progress(
-                    step, reward=metrics.get("reward/fed_mean", np.nan),
-                    compute_seconds=self.ledger.compute_seconds,
-                )  # fmt: skip
-                if step % c.checkpoint.every == 0 or step == last:
+                self.console.step(step, metrics)
+                if step % c.checkpoint.every == 0 or step == last or final:
                     best = {"eval/heldout_percentile": metrics["eval/heldout_percentile"]} \
                         if "eval/heldout_percentile" in metrics else None  # fmt: skip
-                    self._save(step, best, force=step == last)
+                    self._save(step, best, force=step == last or final)
             self.checkpointer.wait()
-            if c.checkpoint.export_hf and last == c.num_steps:
+            if c.checkpoint.export_hf and (step == c.num_steps or schedule.spent(self.ledger)):
                 self.export_policy(os.path.join(self.workdir, "policy_hf"))
         finally:
             writer.close()
@@ -496,16 +369,10 @@ class Trainer:
     def export_policy(self, out_dir: str) -> str:
         """Writes the current policy as a Hugging Face directory (config.json + safetensors,
         and the tokenizer when the agent has one)."""
-        from wmrl_jax.train.checkpoint import export_hf
-
         return export_hf(
-            self.info["graphdef"],
-            self.state.params,
-            self.info["raw_config"],
-            out_dir,
-            tokenizer=getattr(self.agent, "tokenizer", None),
-            overwrite=True,
-        )
+            self.built.graphdef, self.state.params, self.built.raw_config, out_dir,
+            tokenizer=self.agent.tokenizer, overwrite=True,
+        )  # fmt: skip
 
     def summary(self) -> dict:
         """Held-out percentile before and after, the ledger, the last calibration."""
@@ -526,16 +393,51 @@ class Trainer:
 
     def close(self) -> None:
         self.checkpointer.close()
-        close = getattr(self.source, "close", None)
-        if close is not None:
-            close()
+        self.source.close()
+
+
+class EvalSchedule:
+    """When a run evaluates and when it stops: by steps, or by compute spent.
+
+    Without a budget: every `eval_every` steps and at `num_steps`. With
+    `budget.compute_seconds` B: whenever the ledger first reaches one of the
+    points B·k/`eval_points` (k = 1..), the same grid for every arm, and the
+    run stops once B is spent.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.every = int(config.eval_every)
+        self.budget = float(config.budget.compute_seconds)
+        self.points = int(config.budget.eval_points)
+
+    def spent(self, ledger: Ledger) -> bool:
+        """The budget is used up (never, without one)."""
+        return self.budget > 0 and ledger.compute_seconds >= self.budget
+
+    def due(self, step: int, ledger: Ledger, history: Sequence[dict]) -> bool:
+        """This step is an evaluation point."""
+        if self.budget <= 0:
+            return step % self.every == 0
+        last = history[-1] if history else {}
+        spent_then = sum(float(last.get(k, 0.0)) for k in ("gen_seconds", "wm_seconds",
+                                                          "exec_seconds"))  # fmt: skip
+        grid = self.budget / self.points
+        return int(ledger.compute_seconds // grid) > int(spent_then // grid)
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, *, outcomes=None, prebuilt=None
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    outcomes=None,
+    prebuilt: agents.Built | None = None,
+    hooks: Sequence[StepHook] = (),
+    console: bool = False,
 ) -> dict:
     """Builds a `Trainer`, runs it to `config.num_steps` (resuming if possible)."""
-    trainer = Trainer(config, workdir, outcomes=outcomes, prebuilt=prebuilt)
+    trainer = Trainer(
+        config, workdir, outcomes=outcomes, prebuilt=prebuilt, hooks=hooks, console=console
+    )
     try:
         return trainer.run()
     finally:

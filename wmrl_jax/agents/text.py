@@ -1,4 +1,4 @@
-"""`TextAgent`: the training loop's Agent over a real chat LLM (Qwen3 checkpoints).
+"""The `text` agent kind: `TextAgent`, the trainer's Agent over a real chat LLM (Qwen3 checkpoints).
 
 The same backbone plays both roles. As the policy it reads a solver prompt (task
 description, data report, fixed instructions) and writes one Python program per
@@ -27,12 +27,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import ml_collections
 import numpy as np
 
+from wmrl_jax.agents.base import AgentContext, Built, Capabilities, Rollout, WMOutput
 from wmrl_jax.envs.grading import DEFAULT_FLOORS
 from wmrl_jax.models.api import left_pad
 from wmrl_jax.models.sampler import sample
-from wmrl_jax.train.agent import Rollout, WMOutput
 from wmrl_jax.worldmodel.parsing import combine, parse_wm_answer, to_arrays
 from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
 
@@ -433,6 +434,80 @@ class TextAgent:
         queue = self._anchors.setdefault(task.id, collections.deque(maxlen=self.anchors_per_task))
         queue.append(anchor)
 
+    def aux_batch(self, tasks, rollout: Rollout, real, executed) -> dict[str, np.ndarray]:
+        """No auxiliary targets: free-form JSON answers have no score-bin token."""
+        del tasks, rollout, real, executed
+        return {}
+
+    def describe(self, rollout: Rollout) -> list[str]:
+        """The first line of each program (60 characters at most)."""
+        return [
+            p.strip().splitlines()[0][:60] if p.strip() else "<empty>" for p in rollout.programs
+        ]
+
     def anchors(self, task) -> list[AnchorExample]:
         """The anchors currently shown for `task`, oldest first."""
         return list(self._anchors.get(task.id, ()))
+
+
+CAPABILITIES = Capabilities(aux_loss=False, replayable=False)
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """`config.agent.text`: the checkpoint, lengths and sampling of a `TextAgent`."""
+    c = ml_collections.ConfigDict()
+    c.checkpoint = ""  # A local Hugging Face directory (config.json, safetensors, tokenizer).
+    c.dtype = "float32"
+    c.max_prompt_tokens = 1024
+    c.max_new_tokens = 512
+    c.wm_max_new_tokens = 128
+    c.wm_samples = 4
+    c.temperature = 1.0
+    c.top_p = 1.0
+    c.top_k = 0
+    c.anchors_per_task = 0  # Executed anchors shown in later WM prompts.
+    c.enable_thinking = False  # Qwen3 chat template switch.
+    return c
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the first bad field of `config.agent.text`."""
+    if not config.checkpoint:
+        raise ValueError("config.agent.text.checkpoint must name a local Hugging Face directory")
+    for field in ("max_prompt_tokens", "max_new_tokens", "wm_max_new_tokens", "wm_samples"):
+        if not config[field] >= 1:
+            raise ValueError(f"config.agent.text.{field} must be >= 1, got {config[field]}")
+    if not config.temperature > 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
+        raise ValueError(
+            "config.agent.text needs temperature > 0, 0 < top_p <= 1, top_k >= 0; got "
+            f"{config.temperature}, {config.top_p}, {config.top_k}"
+        )
+    if config.anchors_per_task < 0:
+        raise ValueError(
+            f"config.agent.text.anchors_per_task must be >= 0, got {config.anchors_per_task}"
+        )
+
+
+def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Built:
+    """A `TextAgent` over the checkpoint at `config.checkpoint` (nothing is downloaded)."""
+    import os
+
+    from wmrl_jax.models import api
+
+    validate_config(config)
+    model = api.from_pretrained(os.path.expanduser(config.checkpoint), dtype=config.dtype)
+    agent = TextAgent(
+        model.graphdef,
+        model.tokenizer,
+        max_prompt_tokens=config.max_prompt_tokens,
+        max_new_tokens=config.max_new_tokens,
+        wm_max_new_tokens=config.wm_max_new_tokens,
+        wm_samples=config.wm_samples,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        anchors_per_task=config.anchors_per_task,
+        invalid_reward=context.floors.invalid,
+        chat_template_kwargs={"enable_thinking": bool(config.enable_thinking)},
+    )
+    return Built(agent, model.params, model.graphdef, model.raw_config, {})

@@ -1,4 +1,4 @@
-"""MetricWriter: JSONL and TensorBoard read-back, non-finite values, resume, progress bar."""
+"""MetricWriter: JSONL and TensorBoard read-back, non-finite values, resume."""
 
 import json
 import math
@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wmrl_jax.train.metrics import MetricWriter, read_jsonl, read_tensorboard_scalars
+from wmrl_jax.train.writer import MetricWriter, read_jsonl, read_tensorboard_scalars
 
 
 def test_jsonl_and_tensorboard_read_back(tmp_path):
-    with MetricWriter(tmp_path, progress_bar=False) as writer:
+    with MetricWriter(tmp_path) as writer:
         writer.write(
             1,
             {
@@ -45,7 +45,7 @@ def test_jsonl_and_tensorboard_read_back(tmp_path):
 
 
 def test_non_finite_values_keep_strict_json(tmp_path):
-    with MetricWriter(tmp_path, tensorboard=False, progress_bar=False) as writer:
+    with MetricWriter(tmp_path, tensorboard=False) as writer:
         writer.write(0, {"a": math.nan, "b": math.inf, "c": -np.inf, "d": 2.0})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
 
@@ -59,7 +59,7 @@ def test_non_finite_values_keep_strict_json(tmp_path):
 
 
 def test_write_errors(tmp_path):
-    with MetricWriter(tmp_path, tensorboard=False, progress_bar=False) as writer:
+    with MetricWriter(tmp_path, tensorboard=False) as writer:
         writer.write(2, {"x": 1.0})
         with pytest.raises(ValueError, match="not after"):
             writer.write(2, {"x": 1.0})
@@ -72,11 +72,11 @@ def test_write_errors(tmp_path):
 
 
 def test_resume_truncates_and_purges(tmp_path):
-    with MetricWriter(tmp_path, progress_bar=False) as writer:
+    with MetricWriter(tmp_path) as writer:
         for step in range(1, 6):
             writer.write(step, {"loss": float(step)})
     # Resume from a checkpoint at step 3: steps 4 and 5 are redone with new values.
-    with MetricWriter(tmp_path, resume_step=3, progress_bar=False) as writer:
+    with MetricWriter(tmp_path, resume_step=3) as writer:
         with pytest.raises(ValueError, match="not after"):
             writer.write(3, {"loss": 0.0})
         writer.write(4, {"loss": 40.0})
@@ -92,11 +92,11 @@ def test_resume_truncates_and_purges(tmp_path):
 
 
 def test_fresh_writer_refuses_existing_log(tmp_path):
-    with MetricWriter(tmp_path, tensorboard=False, progress_bar=False) as writer:
+    with MetricWriter(tmp_path, tensorboard=False) as writer:
         writer.write(1, {"x": 1.0})
     with pytest.raises(FileExistsError, match="resume_step"):
-        MetricWriter(tmp_path, tensorboard=False, progress_bar=False)
-    with MetricWriter(tmp_path, tensorboard=False, progress_bar=False, overwrite=True) as writer:
+        MetricWriter(tmp_path, tensorboard=False)
+    with MetricWriter(tmp_path, tensorboard=False, overwrite=True) as writer:
         writer.write(1, {"x": 2.0})
     assert read_jsonl(tmp_path) == [{"step": 1, "x": 2.0}]
 
@@ -105,7 +105,7 @@ def test_torn_last_line_is_skipped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "x": 1.0}\n{"step": 2, "x"')
     assert read_jsonl(path) == [{"step": 1, "x": 1.0}]
-    with MetricWriter(tmp_path, tensorboard=False, resume_step=1, progress_bar=False) as writer:
+    with MetricWriter(tmp_path, tensorboard=False, resume_step=1) as writer:
         writer.write(2, {"x": 2.0})
     assert read_jsonl(path) == [{"step": 1, "x": 1.0}, {"step": 2, "x": 2.0}]
     path.write_text('{"step": 1\n{"step": 2}\n')
@@ -113,14 +113,11 @@ def test_torn_last_line_is_skipped(tmp_path):
         read_jsonl(path)
 
 
-def test_progress_bar(tmp_path, capsys):
-    with MetricWriter(
-        tmp_path, tensorboard=False, jsonl=False, progress_total=10, progress_bar=True
-    ) as writer:
-        writer.progress(4, reward=0.5, compute_seconds=12.25)
-        writer.progress(5, reward=0.625, compute_seconds=20.0)
-    err = capsys.readouterr().err
-    assert "5/10" in err and "reward=0.6250" in err and "compute=20.0s" in err
-    with MetricWriter(tmp_path, tensorboard=False, jsonl=False, progress_bar=False) as writer:
-        writer.progress(1, reward=0.0, compute_seconds=0.0)  # hidden: a no-op
-    assert capsys.readouterr().err == ""
+def test_undefined_values_are_left_out_of_tensorboard(tmp_path):
+    with MetricWriter(tmp_path) as writer:
+        writer.write(1, {"a": math.nan, "b": 1.0})
+        writer.write(2, {"a": 0.5, "b": math.inf})
+    scalars = read_tensorboard_scalars(tmp_path)
+    assert scalars["a"] == [(2, 0.5)]  # The NaN of step 1 is not plotted.
+    assert scalars["b"] == [(1, 1.0), (2, math.inf)]
+    assert math.isnan(read_jsonl(tmp_path)[0]["a"])  # The JSONL keeps it, as null.

@@ -1,4 +1,4 @@
-"""Metrics: TensorBoard event files, a JSONL log and a progress bar.
+"""Metrics: TensorBoard event files and a JSONL log (the console is `train.console`).
 
 `MetricWriter.write(step, scalars)` appends one JSON object per step to
 `<workdir>/metrics.jsonl` (`{"step": 3, "reward/wmrl": 0.41, ...}`) and writes
@@ -17,9 +17,8 @@ events with step >= s + 1 of earlier files (TensorBoard's own convention, also
 applied by `read_tensorboard_scalars`). Steps must increase within one writer.
 
 Example:
-    >>> writer = MetricWriter(workdir, progress_total=num_steps)
+    >>> writer = MetricWriter(workdir)
     >>> writer.write(step, {"reward/wmrl": 0.41, "compute_seconds": 812.5})
-    >>> writer.progress(step, reward=0.41, compute_seconds=812.5)
     >>> writer.close()
 """
 
@@ -28,7 +27,6 @@ import json
 import math
 import os
 import struct
-import sys
 import time
 from collections.abc import Mapping
 
@@ -97,14 +95,16 @@ def _read_entries(path: str) -> list[dict]:
 
 
 class MetricWriter:
-    """Writes per-step scalars to JSONL and TensorBoard, with an optional progress bar.
+    """Writes per-step scalars to JSONL and TensorBoard.
+
+    A NaN value (an undefined diagnostic, e.g. a variance of one sample) is
+    written to JSONL as null and left out of TensorBoard, whose plots would
+    show it as a spike or a gap with a warning.
 
     Args:
         workdir: run directory (created).
         tensorboard: write TensorBoard events under `workdir/tensorboard`.
         jsonl: write `workdir/metrics.jsonl`.
-        progress_total: total steps for the progress bar (None: unknown).
-        progress_bar: show the bar; None shows it only when stderr is a tty.
         resume_step: the step a resumed run restarts after: later entries of
             an existing log are dropped. None starts a new log.
         overwrite: with `resume_step=None`, replace an existing non-empty log
@@ -121,8 +121,6 @@ class MetricWriter:
         *,
         tensorboard: bool = True,
         jsonl: bool = True,
-        progress_total: int | None = None,
-        progress_bar: bool | None = None,
         resume_step: int | None = None,
         overwrite: bool = False,
     ):
@@ -144,12 +142,6 @@ class MetricWriter:
                 filename_suffix=f".{time.time_ns()}",  # two writers in one second: two files
                 flush_secs=10,
             )
-        self._bar = None
-        enabled = sys.stderr.isatty() if progress_bar is None else progress_bar
-        if enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=progress_total, initial=resume_step or 0, unit="step")
 
     @staticmethod
     def _prepare_jsonl(path: str, resume_step: int | None, overwrite: bool) -> None:
@@ -193,28 +185,19 @@ class MetricWriter:
             self._jsonl.flush()
         if self._tb is not None:
             for name, value in encoded.items():
-                self._tb.add_scalar(name, float(_decode(value)), global_step=step)
+                if value is not None:  # NaN: undefined, not plotted.
+                    self._tb.add_scalar(name, float(_decode(value)), global_step=step)
             self._tb.flush()
         self._last_step = step
 
-    def progress(self, step: int, *, reward: float, compute_seconds: float) -> None:
-        """Moves the progress bar to `step` and shows reward and compute (no-op if hidden)."""
-        if self._bar is None:
-            return
-        self._bar.n = int(step)
-        self._bar.set_postfix(reward=f"{float(reward):.4f}", compute=f"{compute_seconds:.1f}s")
-
     def close(self) -> None:
-        """Flushes and closes the files and the bar."""
+        """Flushes and closes the files."""
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
     def __enter__(self) -> "MetricWriter":
         return self

@@ -11,11 +11,11 @@ import pytest
 from scipy import stats
 
 from wmrl_jax import models
+from wmrl_jax.agents.recipe import lm
+from wmrl_jax.agents.recipe import vocab as rv
 from wmrl_jax.envs import task as task_lib
 from wmrl_jax.models import qwen3
 from wmrl_jax.models.config import config_from_dict
-from wmrl_jax.train import recipe_lm as lm
-from wmrl_jax.train import recipe_vocab as rv
 
 SLOTS = (2, 3, 2, 2)
 N = 2048  # sampled rows: one compile shape for every sampling test

@@ -1,6 +1,6 @@
 """The compute study: real-execution compute to reach the same agent, per arm, over seeds.
 
-Every run is the real training loop (`loop.Trainer`) on the built-in suite,
+Every run is the real trainer (`wmrl_jax.train.loop.Trainer`) on the built-in suite,
 with the recipe benchmark replaying each program's recorded outcome and
 charging its recorded execution seconds to the ledger. Per seed the backbone
 is warm-started once, and every arm starts from that same policy: arms differ
@@ -29,7 +29,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from wmrl_jax.train import components, loop
+from wmrl_jax.studies.oracle import replay_oracle
+from wmrl_jax.studies.smoothing import trailing_mean
+from wmrl_jax.train import builder, loop
+from wmrl_jax.train.config import override
 
 # Policy updates in the moving average of the training samples' true reward.
 TRAIN_SMOOTH = 5
@@ -45,32 +48,35 @@ def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
     for warm in s.warm_sweep:
         if warm != config.warm_start.steps:
             for arm in s.warm_sweep_arms:
-                runs.append((f"{arm}_warm{warm}", {"arm": arm, "warm_start.steps": warm}))
+                runs.append(
+                    (f"{arm}_warm{warm}", {"arm": arm, "agent.recipe.warm_start.steps": warm})
+                )
     return runs
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
     """Runs every (seed, run) pair; returns `{label: [summary per seed]}`."""
-    tasks = components.load_tasks(config)
-    table = components.load_table(config)
+    tasks = builder.load_tasks(config)
+    table = builder.load_table(config)
     runs = study_runs(config)
     results: dict[str, list[dict]] = {label: [] for label, _ in runs}
     for seed in range(config.study.num_seeds):
-        agents: dict[int, tuple] = {}
+        built: dict[int, object] = {}
         for label, overrides in runs:
-            run_config = components.override(config, seed=config.seed + seed, **overrides)
-            warm = run_config.warm_start.steps
-            if warm not in agents:  # One warm start per (seed, length), shared by the arms.
+            run_config = override(config, seed=config.seed + seed, **overrides)
+            warm = run_config.agent.recipe.warm_start.steps
+            if warm not in built:  # One warm start per (seed, length), shared by the arms.
                 key = jax.random.split(jax.random.key(run_config.seed))[1]
-                agents[warm] = components.make_recipe_agent(run_config, tasks, table, key)
-            agent, params, info = agents[warm]
-            outcomes, _ = components.make_outcomes(run_config, table=table)
+                built[warm] = builder.build_agent(run_config, tasks, key, table=table)
+            outcomes, _ = builder.make_outcomes(run_config, table=table)
+            b = built[warm]
             start = time.perf_counter()
             summary = loop.train_and_evaluate(
                 run_config,
                 os.path.join(workdir, "runs", f"{label}_seed{seed}"),
                 outcomes=outcomes,
-                prebuilt=(agent, jax.tree.map(lambda x: x.copy(), params), info),
+                prebuilt=b._replace(params=jax.tree.map(lambda x: x.copy(), b.params)),
+                hooks=[replay_oracle(outcomes)],
             )
             results[label].append(summary)
             log(
@@ -79,14 +85,6 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> 
                 f"{time.perf_counter() - start:.1f} s wall"
             )
     return results
-
-
-def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
-    """Trailing moving average along the last axis (shorter windows at the start)."""
-    c = np.cumsum(np.pad(x, [(0, 0)] * (x.ndim - 1) + [(1, 0)]), axis=-1)
-    n = np.arange(1, x.shape[-1] + 1)
-    w = np.minimum(n, window)
-    return (c[..., n] - c[..., n - w]) / w
 
 
 def curves(summaries: Iterable[dict]) -> dict[str, np.ndarray]:

@@ -1,40 +1,15 @@
-"""Writing a study's results: JSON, a markdown table and plots."""
+"""Writing a study's results: markdown tables, plots and the README section."""
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 
 import ml_collections
 import numpy as np
 
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, (float, np.floating)):
-        return None if not math.isfinite(value) else float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def write_json(path: str | pathlib.Path, payload: dict) -> None:
-    """Writes `payload` as JSON; NaN and inf become null (strict JSON)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(payload), indent=1, allow_nan=False))
-
-
-def _smooth_mean(x: np.ndarray, window: int) -> np.ndarray:
-    """Mean over seeds (ignoring NaN), then a moving average over steps."""
-    kernel = np.ones(max(1, window)) / max(1, window)
-    return np.convolve(np.nan_to_num(np.nanmean(x, 0)), kernel, mode="valid")
+from wmrl_jax.studies.smoothing import trailing_mean
+from wmrl_jax.train.summary import write_json  # noqa: F401  (the studies' JSON writer)
 
 
 def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pathlib.Path):
@@ -69,16 +44,18 @@ def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pat
         axes[2].plot(steps, np.nanmean(out["bias"], 0), label=arm, color=line.get_color())
         if np.isfinite(out["anchor_var_fed"]).any():
             axes[3].plot(
-                _smooth_mean(out["anchor_var_fed"], config.smooth),
+                trailing_mean(out["anchor_var_fed"], config.smooth, over_seeds=True),
                 color=line.get_color(),
                 label=f"{arm}: fed",
             )
             if arm == "wmrl":
                 axes[3].plot(
-                    _smooth_mean(out["anchor_var_real"], config.smooth), "k--", label="real stream"
+                    trailing_mean(out["anchor_var_real"], config.smooth, over_seeds=True),
+                    "k--",
+                    label="real stream",
                 )
                 axes[3].plot(
-                    _smooth_mean(out["anchor_var_debiased"], config.smooth),
+                    trailing_mean(out["anchor_var_debiased"], config.smooth, over_seeds=True),
                     "k:",
                     label="debiased WM stream",
                 )
@@ -99,67 +76,6 @@ def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pat
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return fig
-
-
-def format_run_summary(summary: dict) -> str:
-    """A training run's summary as a short markdown table."""
-    ledger = summary["ledger"]
-    rows = [
-        ("arm", summary["arm"]),
-        ("executor", summary["environment"]),
-        ("held-out percentile, before", f"{summary['heldout_before']:.3f}"),
-        ("held-out percentile, after", f"{summary['heldout_after']:.3f}"),
-        ("real executions (training)", f"{int(ledger['executions'])}"),
-        ("execution seconds (training)", f"{ledger['exec_seconds']:.1f}"),
-        ("generation / WM seconds", f"{ledger['gen_seconds']:.1f} / {ledger['wm_seconds']:.1f}"),
-        ("compute seconds (gen + WM + exec)", f"{summary['compute_seconds']:.1f}"),
-    ]
-    for key, label in (
-        ("correction/bias_raw", "WM bias on the last anchors, raw"),
-        ("correction/bias_debiased", "WM bias on the last anchors, debiased"),
-        ("correction/sigma2_wm", "σ²_wm"),
-        ("correction/sigma2_real", "σ²_real"),
-        ("correction/fused_weight_wm", "weight on the WM in fusion"),
-        ("correction/rank_corr", "WM–real rank correlation (anchor buffer)"),
-    ):
-        value = summary.get("calibration", {}).get(key)
-        if value is not None and math.isfinite(value):
-            rows.append((label, f"{value:.4f}"))
-    lines = ["| | |", "|---|---|", *(f"| {a} | {b} |" for a, b in rows)]
-    return "\n".join(lines)
-
-
-def plot_run(history: list[dict], path: str | pathlib.Path):
-    """Held-out percentile against compute seconds and against real executions; writes
-    `path` and returns the figure."""
-    # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
-    from matplotlib.figure import Figure
-
-    compute = [h["gen_seconds"] + h["wm_seconds"] + h["exec_seconds"] for h in history]
-    executions = [h["executions"] for h in history]
-    pct = [h["eval/heldout_percentile"] for h in history]
-    fig = Figure(figsize=(9, 3.2))
-    axes = fig.subplots(1, 2)
-    axes[0].plot(compute, pct, marker="o")
-    axes[0].set_xlabel("compute seconds (generation + WM + execution)")
-    axes[1].plot(executions, pct, marker="o")
-    axes[1].set_xlabel("real executions")
-    for ax in axes:
-        ax.set_ylabel("held-out percentile")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return fig
-
-
-def write_run_report(summary: dict, workdir: str | pathlib.Path) -> str:
-    """Writes `summary.json`, `summary.md` and `heldout.png`; returns the table."""
-    workdir = pathlib.Path(workdir)
-    write_json(workdir / "summary.json", summary)
-    table = format_run_summary(summary)
-    (workdir / "summary.md").write_text(table + "\n")
-    plot_run(summary["history"], workdir / "heldout.png")
-    return table
 
 
 def fmt_number(value, spec: str = ".3f") -> str:
@@ -237,7 +153,7 @@ def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
     # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
     from matplotlib.figure import Figure
 
-    from wmrl_jax.train.study import TRAIN_SMOOTH, curves, trailing_mean
+    from wmrl_jax.studies.compute import TRAIN_SMOOTH, curves
 
     fig = Figure(figsize=(16, 7))
     axes = fig.subplots(2, 3)
@@ -265,8 +181,7 @@ def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
         ):
             series = step_series(results[label], key)
             if np.isfinite(series).any():
-                y = _smooth_mean(series, 5)
-                ax.plot(steps[len(steps) - len(y) :], y, label=label, color=color)
+                ax.plot(steps, trailing_mean(series, 5, over_seeds=True), label=label, color=color)
     axes[0, 0].set_xlabel("compute seconds (generation + WM + execution)")
     axes[0, 1].set_xlabel("execution seconds")
     for ax in axes[0]:

@@ -1,74 +1,24 @@
-"""The loop's view of the backbone: an `Agent` proposes programs and predicts their outcomes.
+"""`RecipeAgent`: a small backbone that writes recipes and reads its own score bins.
 
-The trainer never looks inside the backbone. It asks an agent for a rollout
-(G programs per task, with the train-step batch that produced them) and for
-world-model predictions of those programs, and it asks for greedy programs
-on held-out tasks. Two agents implement the protocol:
-
-* `RecipeAgent` (here): a small Qwen3-architecture backbone over the recipe
-  vocabulary (`wmrl_jax.train.recipe_lm`), for the CPU main job and the
-  compute study. Its programs are compiled recipes.
-* `TextAgent` (`wmrl_jax.train.text_agent`): a real LLM checkpoint writing
-  free-form Python and answering the world-model prompt in JSON.
-
-Rows are task-major: with N = len(tasks) * G, row i belongs to tasks[i // G].
-Everything returned is numpy with shapes fixed by the config, so the jitted
-train step compiles once.
+The `Agent` (`wmrl_jax.agents.base`) of the CPU main job and the compute
+study: a Qwen3-architecture backbone over the recipe vocabulary
+(`wmrl_jax.agents.recipe.lm`). Its programs are compiled recipes; as the world
+model it reads the distribution of its next token over score bins after
+`[task features, recipe, PREDICT]`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.agents.recipe import lm as recipe_lm
 from wmrl_jax.envs import recipes
 from wmrl_jax.envs.task import Task
-from wmrl_jax.train import recipe_lm
-
-
-class Rollout(NamedTuple):
-    """G sampled programs per task and the batch that scores them.
-
-    Attributes:
-      programs: N program sources, task-major.
-      batch: train-step arrays `tokens`, `attention_mask`, `loss_mask`,
-        `old_logprobs`, each of shape [N, T].
-      gen_tokens: tokens processed by generation (prompts and samples).
-    """
-
-    programs: list[str]
-    batch: dict[str, np.ndarray]
-    gen_tokens: int
-
-
-class WMOutput(NamedTuple):
-    """World-model predictions for a rollout.
-
-    Attributes:
-      mean: predicted rewards of shape [N], NaN where unusable.
-      var: predictive variances of shape [N], inf where unusable.
-      wm_tokens: tokens processed by the world-model pass.
-      parse_failures: predictions that could not be read.
-    """
-
-    mean: np.ndarray
-    var: np.ndarray
-    wm_tokens: int
-    parse_failures: int
-
-
-class Agent(Protocol):
-    """What the training loop needs from a backbone."""
-
-    def rollout(self, params, tasks: Sequence[Task], *, group_size: int, key) -> Rollout: ...
-
-    def predict(self, params, tasks: Sequence[Task], rollout: Rollout, *, key) -> WMOutput: ...
-
-    def greedy_programs(self, params, tasks: Sequence[Task]) -> list[str]: ...
 
 
 class RecipeAgent:
@@ -81,6 +31,8 @@ class RecipeAgent:
       min_mass: below this probability on the score-bin tokens a prediction
         is unusable (infinite variance).
     """
+
+    tokenizer = None  # Recipe tokens are the vocabulary; nothing to export.
 
     def __init__(self, graphdef, vocab, *, temperature: float = 1.0, min_mass: float = 0.05):
         if temperature <= 0:
@@ -125,7 +77,8 @@ class RecipeAgent:
         tokens = np.asarray(sample.tokens)
         batch = recipe_lm.policy_batch(prompts, sample, np.zeros(len(prompts), np.float32))
         batch = {k: np.asarray(v) for k, v in batch.items() if k != "advantages"}
-        gen_tokens = int(prompts.size + tokens.size)
+        count = recipe_lm.sample_token_count(len(prompts), self.vocab)
+        gen_tokens = count.prompt + count.generated
         return Rollout(self._programs(tasks, tokens, group_size), batch, gen_tokens)
 
     def recipe_tokens(self, rollout: Rollout) -> np.ndarray:
@@ -142,8 +95,7 @@ class RecipeAgent:
         mean, var, _ = self._predict(params, jnp.asarray(prompts), jnp.asarray(recipe_tokens))
         mean, var = np.asarray(mean, np.float32), np.asarray(var, np.float32)
         failures = int(np.sum(~np.isfinite(var)))
-        # [prompt, recipe, PREDICT] per row, one forward each.
-        wm_tokens = int(prompts.size + recipe_tokens.size + len(prompts))
+        wm_tokens = recipe_lm.wm_token_count(len(prompts), self.vocab).prompt
         return WMOutput(mean, var, wm_tokens, failures)
 
     def aux_batch(self, tasks: Sequence[Task], rollout: Rollout, real, executed) -> dict:
@@ -164,15 +116,16 @@ class RecipeAgent:
         mask[:, -1] = ok
         return {"aux_tokens": tokens, "aux_mask": mask}
 
+    def observe(self, task: Task, program: str, outcome) -> None:
+        """No in-context anchors: the recipe backbone learns outcomes through `aux_batch`."""
+        del task, program, outcome
+
+    def describe(self, rollout: Rollout) -> list[str]:
+        """Recipe names of a rollout's programs."""
+        tokens = self.recipe_tokens(rollout)
+        return [recipes.describe(r) for r in recipe_lm.recipes_from_tokens(self.vocab, tokens)]
+
     def greedy_programs(self, params, tasks: Sequence[Task]) -> list[str]:
         prompts = self.prompts(tasks)
         sample = self._sample(params, jnp.asarray(prompts), jax.random.key(0), True)
         return self._programs(tasks, np.asarray(sample.tokens), 1)
-
-
-def describe_programs(agent: Any, rollout: Rollout) -> list[str]:
-    """Short labels for a rollout's programs (recipe names where known)."""
-    if isinstance(agent, RecipeAgent):
-        tokens = agent.recipe_tokens(rollout)
-        return [recipes.describe(r) for r in recipe_lm.recipes_from_tokens(agent.vocab, tokens)]
-    return [p.strip().splitlines()[0][:60] if p.strip() else "<empty>" for p in rollout.programs]

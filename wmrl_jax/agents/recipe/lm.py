@@ -31,9 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from wmrl_jax.models import qwen3
-from wmrl_jax.models.api import qwen3_config_dict
-from wmrl_jax.train.recipe_vocab import (  # noqa: F401  (re-exported)
+from wmrl_jax.agents.recipe.vocab import (  # noqa: F401  (re-exported)
     RecipeVocab,
     all_recipe_tokens,
     recipe_from_tokens,
@@ -42,6 +40,8 @@ from wmrl_jax.train.recipe_vocab import (  # noqa: F401  (re-exported)
     task_prompt,
     tokens_from_recipes,
 )
+from wmrl_jax.models import qwen3
+from wmrl_jax.models.api import qwen3_config_dict
 from wmrl_jax.worldmodel.readout import score_bin_readout
 
 

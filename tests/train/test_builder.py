@@ -8,7 +8,8 @@ import pytest
 from experiments.configs import qwen3_4b_mledojo
 from tests.envs.test_mle_dojo import make_competition
 from wmrl_jax.envs import grading
-from wmrl_jax.train import components
+from wmrl_jax.train import builder
+from wmrl_jax.train.config import ConfigError, override
 
 AUC = {"name": "auc", "direction": "higher"}
 
@@ -21,7 +22,7 @@ def _dojo_config(tmp_path, *, split=None, metrics=None):
     split = split or {"Training": ["comp-a", "comp-b"], "Evaluation": {"Tabular": ["comp-c"]}}
     split_file.write_text(json.dumps(split))
     metrics_file.write_text(json.dumps(metrics or {n: AUC for n in ("comp-a", "comp-b", "comp-c")}))
-    return components.override(
+    return override(
         qwen3_4b_mledojo.get_config("runlocal"),
         **{
             "tasks.source": "mle_dojo",
@@ -34,7 +35,7 @@ def _dojo_config(tmp_path, *, split=None, metrics=None):
 
 
 def test_mle_dojo_source_gives_split_task_views(tmp_path):
-    sets = components.load_tasks(_dojo_config(tmp_path))
+    sets = builder.load_tasks(_dojo_config(tmp_path))
     assert [t.id for t in sets.train] == ["comp-a", "comp-b"]
     assert [t.id for t in sets.heldout] == ["comp-c"] and sets.pretrain == []
     task = sets.heldout[0]
@@ -56,18 +57,18 @@ def test_mle_dojo_source_gives_split_task_views(tmp_path):
     ],
 )
 def test_mle_dojo_source_needs_its_files(tmp_path, field, match):
-    config = components.override(_dojo_config(tmp_path), **{field: ""})
-    with pytest.raises(components.ConfigError, match=match):
-        components.load_tasks(config)
+    config = override(_dojo_config(tmp_path), **{field: ""})
+    with pytest.raises(ConfigError, match=match):
+        builder.load_tasks(config)
 
 
 def test_mle_dojo_metric_is_never_guessed(tmp_path):
     config = _dojo_config(tmp_path, metrics={"comp-a": AUC, "comp-c": AUC})
-    with pytest.raises(components.ConfigError, match="no metric for competition 'comp-b'"):
-        components.load_tasks(config)
+    with pytest.raises(ConfigError, match="no metric for competition 'comp-b'"):
+        builder.load_tasks(config)
 
 
 def test_mle_dojo_source_needs_held_out_tasks(tmp_path):
     config = _dojo_config(tmp_path, split={"train": ["comp-a", "comp-b", "comp-c"], "held-out": []})
-    with pytest.raises(components.ConfigError, match="no held-out tasks"):
-        components.load_tasks(config)
+    with pytest.raises(ConfigError, match="no held-out tasks"):
+        builder.load_tasks(config)

@@ -14,15 +14,15 @@ import pytest
 from tests.envs.conftest import base_manifest
 from tests.models.conftest import load
 from wmrl_jax import models
-from wmrl_jax.envs.task import parse_manifest
-from wmrl_jax.models.sampler import SampleOutput, _sample
-from wmrl_jax.train.text_agent import (
+from wmrl_jax.agents.text import (
     TextAgent,
     WMOutput,
     extract_program,
     middle_cut,
     solver_instructions,
 )
+from wmrl_jax.envs.task import parse_manifest
+from wmrl_jax.models.sampler import SampleOutput, _sample
 
 FIXTURE = "qwen3_gqa1_tied"  # smallest full-attention fixture: 2 layers, width 64, vocab 384
 P, M = 768, 8

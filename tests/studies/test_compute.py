@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from wmrl_jax.train import report, study
+from wmrl_jax.studies import compute as study
+from wmrl_jax.studies import report
 
 
 def _run(compute, heldout, train_compute, train_reward):

@@ -1,13 +1,12 @@
-"""The controlled study: GRPO on a simulated research environment, four arms.
+"""The controlled study: GRPO on a simulated research environment, one run per arm.
 
 A softmax policy over the candidate solutions of each task is trained with
-`wmrl_jax.core.grpo` on rewards from one of four arms:
-
-* ``real``: every group executed for real (real-execution GRPO);
-* ``wm_naive``: world-model predictions only, uncorrected, nothing executed;
-* ``wm_debias``: a fraction ρ of groups executed (anchors); Online Debiasing
-  on all predictions; anchors use their real score;
-* ``wmrl``: as ``wm_debias`` plus Inverse-Variance Denoising on anchors.
+`wmrl_jax.core.grpo` on rewards from one of the arms of
+`wmrl_jax.train.arms.ARMS` (the same table the trainer reads): ``real``
+(every group executed), ``anchors_only`` (only the anchor groups, executed,
+and nothing else), ``wm_naive`` (uncorrected predictions), ``wm_debias``
+(Online Debiasing; anchors use their real score) and ``wmrl`` (plus
+Inverse-Variance Denoising on anchors).
 
 One arm for all seeds is a single jitted function of a key (a `lax.scan`
 over steps, `jax.vmap` over seeds). Because the ground truth is known, every
@@ -30,8 +29,8 @@ import optax
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
 from wmrl_jax.envs import simulated
-
-ARMS = ("real", "wm_naive", "wm_debias", "wmrl")
+from wmrl_jax.studies.smoothing import trailing_mean
+from wmrl_jax.train import arms as arms_lib
 
 
 class _Carry(NamedTuple):
@@ -48,15 +47,8 @@ def _masked_var(x, mask):
     )
 
 
-def _make_correction(config, arm):
-    return correction_lib.make_reward_correction(
-        capacity=config.correction.capacity,
-        debias=arm in ("wm_debias", "wmrl"),
-        ivd=arm == "wmrl",
-        decay=config.correction.decay,
-        real_var_prior=config.correction.real_var_prior,
-        min_anchors=config.correction.min_anchors,
-    )
+def _masked_mean(x, mask):
+    return jnp.sum(jnp.where(mask, x, 0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
 def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict:
@@ -64,7 +56,7 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
 
     Args:
       config: the study config (see `experiments/configs/controlled.py`).
-      arm: one of `ARMS` (static).
+      arm: a name in `wmrl_jax.train.arms.ARMS` (static).
       key: a PRNG key; the environment and the run derive from it.
 
     Returns:
@@ -76,8 +68,7 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
       raw and the debiased WM stream over all samples, ``raw_bias`` and
       ``debiased_bias``.
     """
-    if arm not in ARMS:
-        raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+    arm_spec = arms_lib.get(arm)
     env_cfg, wm_cfg = config.env, config.world_model
     k_env, k_run = jax.random.split(key)
     env = simulated.make_env(
@@ -89,14 +80,20 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
     )
     spec = simulated.WorldModelSpec(wm_cfg.offset, wm_cfg.scale, wm_cfg.gamma, wm_cfg.noise)
     b, g = config.tasks_per_step, config.group_size
-    n_anchor_groups = {"real": b, "wm_naive": 0}.get(
-        arm, max(1, int(round(config.anchor_fraction * b)))
-    )
+    n_anchor_groups = arm_spec.num_anchor_groups(b, config.anchor_fraction)
+    # WM-free arms that do not execute every group train on the executed groups alone.
+    masked = not arm_spec.world_model and arm_spec.executes != "all"
     optimizer = optax.adam(config.learning_rate)
-    correction = _make_correction(config, arm)
+    correction = arms_lib.make_correction(
+        arm_spec,
+        capacity=config.correction.capacity,
+        decay=config.correction.decay,
+        real_var_prior=config.correction.real_var_prior,
+        min_anchors=config.correction.min_anchors,
+    )
     logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
 
-    def loss_fn(logits, tasks, actions, advantages):
+    def loss_fn(logits, tasks, actions, advantages, rows):
         logp_all = jax.nn.log_softmax(logits[tasks], axis=-1)  # [B, K]
         logp = jnp.take_along_axis(logp_all, actions, axis=-1)  # [B, G]
         logp = logp.reshape(-1, 1)
@@ -105,7 +102,7 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
             jax.lax.stop_gradient(logp),
             None,
             advantages.reshape(-1),
-            jnp.ones_like(logp, bool),
+            rows.reshape(-1, 1),
             clip_low=config.clip_eps,
         )
         return loss, metrics
@@ -121,9 +118,9 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         anchor = jnp.broadcast_to(anchor_groups[:, None], (b, g))
 
         state = carry.correction
-        if arm == "real":
+        if not arm_spec.world_model:
             fed, debiased = real, pred
-        elif arm == "wm_naive":
+        elif not (arm_spec.debias or arm_spec.use_real):
             fed, debiased = pred, pred
         else:
             fed, state, _ = correction.update(
@@ -135,8 +132,13 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
             )
             fed = fed.reshape(b, g)
             debiased = correction.debias(state, pred)
-        advantages = jax.vmap(functools.partial(grpo.group_advantages, mode=config.advantage))(fed)
-        grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages)
+        adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
+        if masked:
+            advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, anchor)
+        else:
+            advantages = jax.vmap(adv_fn)(fed)
+        rows = anchor if masked else jnp.ones((b, g), bool)
+        grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages, rows)
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
         logits = optax.apply_updates(carry.logits, updates)
 
@@ -145,8 +147,8 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         outputs = {
             "true_reward": jnp.mean(jnp.sum(policy * env.quality, axis=-1)),
             "executions": jnp.sum(anchor).astype(jnp.float32),
-            "bias": jnp.mean(error),
-            "error_var": jnp.var(error),
+            "bias": _masked_mean(error, anchor) if masked else jnp.mean(error),
+            "error_var": _masked_var(error, anchor) if masked else jnp.var(error),
             "anchor_var_real": _masked_var(real - quality, anchor),
             "anchor_var_debiased": _masked_var(debiased - quality, anchor),
             "anchor_var_fed": _masked_var(error, anchor),
@@ -175,14 +177,6 @@ def run_study(config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarr
     return results
 
 
-def _smooth(x: np.ndarray, window: int) -> np.ndarray:
-    if window <= 1:
-        return x
-    kernel = np.ones(window) / window
-    padded = np.concatenate([np.full(window - 1, x[0]), x])
-    return np.convolve(padded, kernel, mode="valid")
-
-
 def _nanmean(x) -> float:
     x = np.asarray(x, np.float64)
     return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
@@ -199,12 +193,12 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
     summary = {}
     target = None
     if "real" in results:
-        curve = _smooth(results["real"]["true_reward"].mean(0), config.smooth)
+        curve = trailing_mean(results["real"]["true_reward"].mean(0), config.smooth)
         target = curve[0] + config.target_fraction * (curve[-1] - curve[0])
     for arm, out in results.items():
         seeds = out["true_reward"].shape[0]
         final = out["true_reward"][:, -config.smooth :].mean(1)
-        curve = _smooth(out["true_reward"].mean(0), config.smooth)
+        curve = trailing_mean(out["true_reward"].mean(0), config.smooth)
         executions = np.cumsum(out["executions"].mean(0))
         quarter = max(1, out["bias"].shape[1] // 4)
         half = out["bias"].shape[1] // 2
@@ -235,7 +229,7 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
         if "real" in results and arm != "real" and row["total_executions"] > 0:
             # Equal-reward view: what real-execution GRPO spends to first reach
             # this arm's final reward, against what this arm spent in all.
-            curve = _smooth(results["real"]["true_reward"].mean(0), config.smooth)
+            curve = trailing_mean(results["real"]["true_reward"].mean(0), config.smooth)
             reached = np.nonzero(curve >= row["final_true_reward"])[0]
             spent = np.cumsum(results["real"]["executions"].mean(0))
             same = float(spent[reached[0]]) if reached.size else None

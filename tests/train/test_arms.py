@@ -1,0 +1,63 @@
+"""The table of arms: what each arm executes and feeds, and the anchor choice."""
+
+import jax
+import numpy as np
+import pytest
+
+from wmrl_jax.train import arms
+
+
+def test_table_rows():
+    t = arms.ARMS
+    assert set(t) == {"real", "anchors_only", "wm_naive", "wm_debias", "wmrl"}
+    assert (t["real"].executes, t["real"].world_model) == ("all", False)
+    assert (t["anchors_only"].executes, t["anchors_only"].world_model) == ("anchors", False)
+    assert (t["wm_naive"].executes, t["wm_naive"].use_real, t["wm_naive"].debias) == (
+        "none", False, False,
+    )  # fmt: skip
+    assert (t["wm_debias"].debias, t["wm_debias"].ivd) == (True, False)
+    assert (t["wmrl"].debias, t["wmrl"].ivd, t["wmrl"].use_real) == (True, True, True)
+
+
+@pytest.mark.parametrize(
+    "name, groups, fraction, expected",
+    [("real", 6, 0.1, 6), ("wm_naive", 6, 0.5, 0), ("wmrl", 6, 0.1, 1), ("wmrl", 20, 0.1, 2),
+     ("anchors_only", 20, 0.25, 5), ("wm_debias", 3, 1.0, 3)],
+)  # fmt: skip
+def test_num_anchor_groups(name, groups, fraction, expected):
+    assert arms.get(name).num_anchor_groups(groups, fraction) == expected
+
+
+def test_anchors_only_executes_exactly_the_groups_wmrl_anchors():
+    key = jax.random.key(7)
+    a = arms.choose_anchor_groups(arms.get("wmrl"), key, num_groups=20, fraction=0.2)
+    b = arms.choose_anchor_groups(arms.get("anchors_only"), key, num_groups=20, fraction=0.2)
+    np.testing.assert_array_equal(a, b)
+    assert a.sum() == 4
+
+
+def test_uncertain_policy_takes_the_largest_variances_nan_first():
+    var = np.array([0.1, np.nan, 0.5, 0.2])
+    mask = arms.choose_anchor_groups(
+        arms.get("wmrl"), None, num_groups=4, fraction=0.5, policy="uncertain", group_var=var
+    )
+    np.testing.assert_array_equal(mask, [False, True, True, False])
+
+
+def test_correction_switches_come_from_the_arm():
+    naive = arms.make_correction(arms.get("wm_naive"), capacity=8, min_anchors=1)
+    pred = np.array([0.2, 0.8], np.float32)
+    real = np.array([0.9, np.nan], np.float32)
+    fed, _, _ = naive.update(
+        naive.init(), pred, np.ones(2, np.float32), real, np.array([1, 0], bool)
+    )
+    np.testing.assert_allclose(np.asarray(fed), pred)  # wm_naive ignores real scores
+
+
+def test_bad_arms_are_refused():
+    with pytest.raises(ValueError, match="unknown arm"):
+        arms.get("wm_magic")
+    with pytest.raises(ValueError, match="world model"):
+        arms.Arm("x", executes="none", world_model=False)
+    with pytest.raises(ValueError, match="needs use_real"):
+        arms.Arm("x", executes="anchors", world_model=True, ivd=True, use_real=False)

@@ -1,0 +1,62 @@
+"""The training config: defaults per agent kind, and every bad field refused by name."""
+
+import math
+
+import pytest
+
+from wmrl_jax import agents
+from wmrl_jax.train.config import ConfigError, base_config, override, validate_config
+
+
+@pytest.mark.parametrize("kind", agents.kinds())
+def test_base_config_holds_the_kinds_sub_config(kind):
+    config = base_config(kind)
+    assert config.agent.kind == kind
+    assert config.agent[kind].to_dict() == agents.default_config(kind).to_dict()
+    assert (config.train.loss.aux_coef > 0) == agents.capabilities(kind).aux_loss
+
+
+def test_the_default_recipe_config_is_valid():
+    validate_config(base_config("recipe"))
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        (
+            "correction.real_var_prior",
+            math.nan,
+            "config.correction.real_var_prior must be a finite",
+        ),
+        ("correction.real_var_prior", 0.0, "config.correction.real_var_prior must be > 0"),
+        ("optimizer.lr", math.inf, "config.optimizer.lr must be a finite"),
+        ("checkpoint.every", 0, "config.checkpoint.every must be >= 1"),
+        ("agent.recipe.warm_start.steps", -3, "config.agent.recipe.warm_start.steps must be >= 0"),
+        ("agent.recipe.temperature", 0.0, "config.agent.recipe.temperature must be > 0"),
+        ("executor.timeout_s", -1.0, "config.executor.timeout_s must be > 0"),
+        ("eval_samples", -1, "config.eval_samples must be >= 0"),
+        ("correction.decay", 1.5, r"config.correction.decay must be in \(0, 1\]"),
+        ("arm", "wm_magic", "config.arm must be one of"),
+        ("agent.kind", "text", r"config.agent.text \(the 'text' agent's sub-config\) is missing"),
+        ("agent.kind", "vla", "config.agent.kind must be one of"),
+        ("executor.kind", "replay", None),  # valid for the recipe kind
+    ],
+)
+def test_bad_fields_are_named(field, value, match):
+    config = override(base_config("recipe"), **{field: value})
+    if match is None:
+        validate_config(config)
+        return
+    with pytest.raises(ConfigError, match=match):
+        validate_config(config)
+
+
+def test_agent_capabilities_are_checked_against_the_rest():
+    text = override(base_config("text"), **{"agent.text.checkpoint": "some/dir"})
+    validate_config(text)
+    with pytest.raises(ConfigError, match="aux_coef must be 0 for the 'text' agent"):
+        validate_config(override(text, **{"train.loss.aux_coef": 1.0}))
+    with pytest.raises(ConfigError, match="replay.*'text' agent"):
+        validate_config(override(text, **{"executor.kind": "replay"}))
+    with pytest.raises(ConfigError, match="config.agent.text.checkpoint"):
+        validate_config(base_config("text"))

@@ -1,0 +1,141 @@
+"""The trainer's view of a backbone: an `Agent` proposes programs and predicts their outcomes.
+
+The trainer never looks inside the backbone. It asks an agent for a rollout
+(G programs per task, with the train-step batch that produced them), for
+world-model predictions of those programs, for greedy programs on held-out
+tasks, and for the auxiliary world-model targets of executed programs; it
+tells the agent what each executed program scored. Every method it calls is
+declared on `Agent`: an agent kind that has nothing to do for one (no
+auxiliary loss, no in-context anchors) implements it as a no-op.
+
+Rows are task-major: with N = len(tasks) * G, row i belongs to tasks[i // G].
+Everything returned is numpy with shapes fixed by the config, so the jitted
+train step compiles once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from wmrl_jax.envs.grading import RewardFloors
+from wmrl_jax.envs.task import Task
+
+
+class Rollout(NamedTuple):
+    """G sampled programs per task and the batch that scores them.
+
+    Attributes:
+      programs: N program sources, task-major.
+      batch: train-step arrays `tokens`, `attention_mask`, `loss_mask`,
+        `old_logprobs`, each of shape [N, T].
+      gen_tokens: tokens processed by generation (prompts and samples).
+    """
+
+    programs: list[str]
+    batch: dict[str, np.ndarray]
+    gen_tokens: int
+
+
+class WMOutput(NamedTuple):
+    """World-model predictions for a rollout.
+
+    Attributes:
+      mean: predicted rewards of shape [N], NaN where unusable.
+      var: predictive variances of shape [N], inf where unusable.
+      wm_tokens: tokens processed by the world-model pass.
+      parse_failures: predictions that could not be read.
+    """
+
+    mean: np.ndarray
+    var: np.ndarray
+    wm_tokens: int
+    parse_failures: int
+
+
+class Agent(Protocol):
+    """What the trainer needs from a backbone (policy and world model in one).
+
+    Attributes:
+      tokenizer: the `transformers` tokenizer exported with the policy, or None.
+    """
+
+    tokenizer: Any
+
+    def rollout(self, params, tasks: Sequence[Task], *, group_size: int, key) -> Rollout:
+        """Samples `group_size` programs per task."""
+        ...
+
+    def predict(self, params, tasks: Sequence[Task], rollout: Rollout, *, key) -> WMOutput:
+        """World-model predictions of every program of `rollout`."""
+        ...
+
+    def greedy_programs(self, params, tasks: Sequence[Task]) -> list[str]:
+        """One greedy program per task (held-out evaluation)."""
+        ...
+
+    def aux_batch(
+        self, tasks: Sequence[Task], rollout: Rollout, real: np.ndarray, executed: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Auxiliary world-model targets from executed rows (`real`, `executed` of shape
+        [N]) for the train step's `aux_tokens` / `aux_mask`; `{}` when the agent has none."""
+        ...
+
+    def observe(self, task: Task, program: str, outcome) -> None:
+        """Records an executed program's outcome (e.g. as an in-context anchor)."""
+        ...
+
+    def describe(self, rollout: Rollout) -> list[str]:
+        """Short human-readable labels of a rollout's programs."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentContext:
+    """Run-wide inputs an agent factory may need beside its own sub-config.
+
+    Attributes:
+      train, heldout, pretrain: the run's tasks by split.
+      floors: rewards of failed programs (`config.rewards`).
+      key: PRNG key for initialisation and warm starts.
+    """
+
+    train: Sequence[Task]
+    heldout: Sequence[Task]
+    pretrain: Sequence[Task]
+    floors: RewardFloors
+    key: Any
+
+
+class Built(NamedTuple):
+    """What an agent factory returns.
+
+    Attributes:
+      agent: the `Agent`.
+      params: the backbone's parameters (an `nnx.State`), trained by the step.
+      graphdef: the backbone's `nnx.GraphDef` (the train step merges it).
+      raw_config: the Hugging Face config dict, for exporting the policy.
+      info: anything worth reporting (e.g. warm-start curves).
+    """
+
+    agent: Agent
+    params: Any
+    graphdef: Any
+    raw_config: Mapping
+    info: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a kind can do, checked against the rest of the config before any work.
+
+    Attributes:
+      aux_loss: it provides world-model targets for `train.loss.aux_coef`.
+      replayable: its programs can be answered by the recipe table (replay).
+    """
+
+    aux_loss: bool
+    replayable: bool

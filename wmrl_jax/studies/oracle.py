@@ -1,0 +1,64 @@
+"""Oracle metrics: how far the fed rewards are from every sample's true reward.
+
+Only a study knows the truth for free: the recipe table's replay answers any
+(task, program) without executing it. `replay_oracle(source)` is a step hook
+for `Trainer(..., hooks=[...])`: after each step it looks up every sample's
+true reward and reports the bias, error variance and within-group rank
+correlation of the fed rewards and of the raw world model. The trainer itself
+never asks for the truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from wmrl_jax.train.stages import StepRecord
+
+
+def _group_rank_corr(a: np.ndarray, b: np.ndarray, g: int) -> float:
+    """Mean over groups of the Spearman correlation of a and b within each group."""
+    from scipy.stats import spearmanr
+
+    out = []
+    for x, y in zip(a.reshape(-1, g), b.reshape(-1, g), strict=True):
+        ok = np.isfinite(x) & np.isfinite(y)
+        if ok.sum() > 2 and np.ptp(x[ok]) > 0 and np.ptp(y[ok]) > 0:
+            out.append(spearmanr(x[ok], y[ok])[0])
+    return float(np.mean(out)) if out else float("nan")
+
+
+def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
+    """How far the fed rewards (and the raw WM) are from every sample's true reward."""
+    err = rewards - truth
+    m = {
+        "oracle/true_reward": float(np.mean(truth)),
+        "oracle/fed_bias": float(np.mean(err[valid])) if valid.any() else np.nan,
+        "oracle/fed_error_var": float(np.var(err[valid])) if valid.any() else np.nan,
+        "oracle/fed_group_rank_corr": _group_rank_corr(np.where(valid, rewards, np.nan), truth, g),
+    }
+    if wm_mean is not None and np.isfinite(wm_mean).any():
+        m["oracle/wm_bias"] = float(np.nanmean(wm_mean - truth))
+        m["oracle/wm_group_rank_corr"] = _group_rank_corr(wm_mean, truth, g)
+    return m
+
+
+def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:
+    """A step hook reporting `oracle/*` metrics from `source.lookup(task, program)`.
+
+    Args:
+      source: an outcome source that can look up any program's true outcome
+        without charging for it (`envs.outcomes.ReplayExecutor`).
+    """
+
+    def hook(record: StepRecord) -> dict[str, float]:
+        g = record.group_size
+        truth = np.array(
+            [source.lookup(record.tasks[i // g], p).reward
+             for i, p in enumerate(record.rollout.programs)]
+        )  # fmt: skip
+        wm_mean = None if record.wm is None else record.wm.mean
+        return oracle_metrics(record.rewards, record.valid, truth, wm_mean, g)
+
+    return hook

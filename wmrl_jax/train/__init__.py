@@ -1,0 +1,32 @@
+"""The generic GRPO trainer: config, arms, stages, loop, state and step, ledger, checkpoints.
+
+`train/` composes `wmrl_jax.core` with an agent (`wmrl_jax.agents`) and an
+outcome source (`wmrl_jax.train.execution.OutcomeSource`) through declared
+protocols; it imports no concrete agent and no study.
+
+* `config`: `base_config`, `validate_config`, `override`, `ConfigError`;
+* `arms`: the table of arms (`ARMS`), what each compared method executes and feeds;
+* `builder`: tasks, outcome source, agent, correction and optimizer from a config;
+* `stages`: one step as named stages, `StepRecord`;
+* `loop`: `Trainer`, `train_and_evaluate` (the run, the resume guard, checkpoints);
+* `execution`, `evaluation`: anchors executed with retries; held-out evaluation;
+* `state`, `step`: `TrainState`, optimizer, mesh, the sharded jitted `train_step`;
+* `ledger`, `writer`, `console`, `summary`, `checkpoint`: the compute ledger,
+  metric files, console lines, the run report, orbax checkpoints.
+
+Example:
+    >>> from wmrl_jax.train import base_config, train_and_evaluate
+    >>> summary = train_and_evaluate(base_config(), "outputs/run")  # doctest: +SKIP
+"""
+
+from wmrl_jax.train.config import ConfigError, base_config, override, validate_config
+from wmrl_jax.train.loop import Trainer, train_and_evaluate
+
+__all__ = [
+    "ConfigError",
+    "Trainer",
+    "base_config",
+    "override",
+    "train_and_evaluate",
+    "validate_config",
+]

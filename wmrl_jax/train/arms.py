@@ -1,0 +1,128 @@
+"""The table of arms: what each compared method executes and feeds to GRPO.
+
+An *arm* is one row of an ablation: which groups are executed for real, whether
+the world model scores the groups, and how predictions and real scores become
+the rewards fed to GRPO. The trainer (`wmrl_jax.train.stages`) and the
+controlled study (`wmrl_jax.studies.controlled`) read the same records, so an
+arm means the same thing everywhere. A new arm is one line in `ARMS`.
+
+| arm | executes | WM | debias | IVD | rewards fed to GRPO |
+|---|---|---|---|---|---|
+| `real` | every group | no | – | – | real scores |
+| `anchors_only` | the anchors | no | – | – | real scores, anchor groups only |
+| `wm_naive` | none | yes | no | no | raw predictions |
+| `wm_debias` | the anchors | yes | yes | no | g(r̂); real scores on anchors |
+| `wmrl` | the anchors | yes | yes | yes | g(r̂); anchors fused by inverse variance |
+
+`anchors_only` executes exactly the groups `wmrl` would anchor (same rule,
+same key); with the "uncertain" anchor policy it has no variances to rank
+by and picks at random.
+
+Rows without a usable reward (unexecuted rows of a WM-free arm) are masked
+out of the group statistics and the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from wmrl_jax.core.correction import RewardCorrection, make_reward_correction
+
+EXECUTES = ("all", "anchors", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One compared method.
+
+    Attributes:
+      name: the arm's name in configs and tables.
+      executes: "all" groups, the "anchors" (a fraction ρ of groups, at least
+        one), or "none".
+      world_model: the world model scores every group; without it only executed
+        rows have a reward.
+      debias: Online Debiasing (isotonic map fitted on anchor pairs).
+      ivd: Inverse-Variance Denoising of anchors (needs `use_real`).
+      use_real: real scores of executed rows enter the fed rewards.
+    """
+
+    name: str
+    executes: str
+    world_model: bool
+    debias: bool = False
+    ivd: bool = False
+    use_real: bool = True
+
+    def __post_init__(self):
+        if self.executes not in EXECUTES:
+            raise ValueError(f"executes must be one of {EXECUTES}, got {self.executes!r}")
+        if not self.world_model and (self.executes == "none" or not self.use_real):
+            raise ValueError(f"arm {self.name!r}: without a world model it must use real scores")
+        if self.ivd and not self.use_real:
+            raise ValueError(f"arm {self.name!r}: IVD fuses real scores, so it needs use_real")
+
+    def num_anchor_groups(self, num_groups: int, fraction: float) -> int:
+        """Groups executed in a step of `num_groups`: all, none or max(1, round(ρ·groups))."""
+        if self.executes == "all":
+            return num_groups
+        if self.executes == "none":
+            return 0
+        return min(num_groups, max(1, int(round(fraction * num_groups))))
+
+
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        Arm("real", executes="all", world_model=False),
+        Arm("anchors_only", executes="anchors", world_model=False),
+        Arm("wm_naive", executes="none", world_model=True, use_real=False),
+        Arm("wm_debias", executes="anchors", world_model=True, debias=True),
+        Arm("wmrl", executes="anchors", world_model=True, debias=True, ivd=True),
+    )
+}
+
+
+def get(name: str) -> Arm:
+    """The arm called `name`; raises ValueError naming the known arms."""
+    if name not in ARMS:
+        raise ValueError(f"unknown arm {name!r}; known: {tuple(ARMS)}")
+    return ARMS[name]
+
+
+def make_correction(arm: Arm, **kwargs) -> RewardCorrection:
+    """The reward correction with `arm`'s switches; `kwargs` go to `make_reward_correction`."""
+    return make_reward_correction(debias=arm.debias, ivd=arm.ivd, use_real=arm.use_real, **kwargs)
+
+
+def choose_anchor_groups(
+    arm: Arm, key, *, num_groups: int, fraction: float, policy: str = "random", group_var=None
+) -> np.ndarray:
+    """Which groups are executed for real: bool of shape [num_groups].
+
+    Args:
+      arm: the arm (decides how many).
+      key: PRNG key of the random choice.
+      num_groups: groups in the step.
+      fraction: ρ, the anchor fraction.
+      policy: "random" (uniform) or "uncertain" (the groups whose mean WM
+        variance `group_var`, of shape [num_groups], is largest).
+      group_var: see `policy`; NaN counts as most uncertain.
+
+    Example:
+      >>> choose_anchor_groups(ARMS["real"], None, num_groups=3, fraction=0.1)
+      array([ True,  True,  True])
+    """
+    k = arm.num_anchor_groups(num_groups, fraction)
+    mask = np.zeros(num_groups, bool)
+    if k == num_groups:
+        mask[:] = True
+    elif k > 0:
+        if policy == "uncertain" and group_var is not None:
+            order = np.argsort(-np.nan_to_num(np.asarray(group_var), nan=np.inf), kind="stable")
+        else:
+            order = np.asarray(jax.random.permutation(key, num_groups))
+        mask[order[:k]] = True
+    return mask

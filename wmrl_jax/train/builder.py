@@ -1,0 +1,192 @@
+"""Builds what the trainer composes, from a validated config: tasks, outcomes, agent, correction.
+
+`wmrl_jax.train.config.validate_config` checks the whole config before any of
+these run; the builders raise `ConfigError` for what only shows once files
+are read (no train tasks, a competition without a metric).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+
+import ml_collections
+
+from wmrl_jax import agents
+from wmrl_jax.core.correction import RewardCorrection
+from wmrl_jax.envs import grading
+from wmrl_jax.envs.task import Task, load_task
+from wmrl_jax.train import arms
+from wmrl_jax.train.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSets:
+    """The tasks a run trains on, evaluates on and warm-starts from."""
+
+    train: list[Task]
+    heldout: list[Task]
+    pretrain: list[Task]
+
+
+def _split(tasks: list[Task], split: str) -> list[Task]:
+    return sorted((t for t in tasks if t.split == split), key=lambda t: t.id)
+
+
+def load_tasks(config: ml_collections.ConfigDict) -> TaskSets:
+    """Loads the configured task directories and splits them."""
+    source = config.tasks.source
+    if source == "builtin":
+        from wmrl_jax.envs import builtin
+
+        root = builtin.cached_suite(seed=config.tasks.suite_seed)
+        paths = [os.path.join(root, d) for d in sorted(os.listdir(root))]
+        tasks = [load_task(p) for p in paths if os.path.isdir(p)]
+    elif source == "dir":
+        root = os.path.expanduser(config.tasks.path)
+        tasks = [load_task(os.path.join(root, d)) for d in sorted(os.listdir(root))]
+    else:
+        tasks = load_mle_dojo_tasks(
+            config.tasks.path,
+            config.tasks.views,
+            config.tasks.split_file,
+            config.tasks.metrics_file,
+        )
+    sets = TaskSets(
+        train=_split(tasks, "train"),
+        heldout=_split(tasks, "held-out"),
+        pretrain=_split(tasks, "pretrain"),
+    )
+    if not sets.train:
+        raise ConfigError(f"no train tasks found for tasks.source={source!r}")
+    if not sets.heldout:
+        raise ConfigError(f"no held-out tasks found for tasks.source={source!r}")
+    return sets
+
+
+def load_mle_dojo_tasks(
+    prepared: str, views: str, split_file: str, metrics_file: str
+) -> list[Task]:
+    """MLE-Dojo prepared competitions as linked task views (see `envs.mle_dojo`).
+
+    Args:
+      prepared: the directory holding `<name>/data/...` competitions.
+      views: where the view directories are written (links, no copies).
+      split_file: the user's split (upstream `competition.json` or train / held-out lists).
+      metrics_file: JSON `{name: {"name": metric, "direction": "higher" | "lower"}}`;
+        MLE-Dojo's metrics are never guessed.
+    """
+    import json
+
+    from wmrl_jax.envs import mle_dojo
+
+    for field, value in (("split_file", split_file), ("metrics_file", metrics_file)):
+        if not value:
+            raise ConfigError(f"config.tasks.{field} is required for tasks.source='mle_dojo'")
+    prepared, views = os.path.expanduser(prepared), os.path.expanduser(views)
+    split = mle_dojo.load_split(os.path.expanduser(split_file))
+    with open(os.path.expanduser(metrics_file), encoding="utf-8") as f:
+        metric_of = json.load(f)
+    tasks = []
+    for name in sorted(split):
+        if name not in metric_of:
+            raise ConfigError(f"{metrics_file} has no metric for competition {name!r}")
+        comp = mle_dojo.load_competition(os.path.join(prepared, name))
+        tasks.append(
+            mle_dojo.make_task(comp, os.path.join(views, name), split=split, metric=metric_of[name])
+        )
+    return tasks
+
+
+def make_correction(config: ml_collections.ConfigDict) -> RewardCorrection:
+    """The reward correction of `config.arm` (its switches come from the table of arms)."""
+    c = config.correction
+    return arms.make_correction(
+        arms.get(config.arm),
+        capacity=c.capacity,
+        decay=c.decay,
+        real_var_prior=c.real_var_prior,
+        min_anchors=c.min_anchors,
+        wm_var=c.wm_var,
+    )
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config.optimizer` with `total_steps` (-1) derived from the run's length."""
+    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
+    if opt.total_steps < 0:
+        opt.total_steps = config.num_steps * config.train.num_epochs
+    opt.warmup_steps = min(opt.warmup_steps, opt.total_steps)
+    return opt
+
+
+def reward_floors(config: ml_collections.ConfigDict) -> grading.RewardFloors:
+    f = config.rewards
+    return grading.RewardFloors(
+        invalid=f.invalid, error=f.error, killed=f.error, timeout=f.timeout, oom=f.timeout
+    )
+
+
+def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
+    """The outcome source: real execution in a sandbox, or replay of the recipe table.
+
+    Returns:
+      `(outcomes, environment)`: an object with `submit(task, source)` and
+      `close()`, and a word for the logs ("docker", "local", "replay").
+    """
+    from wmrl_jax.envs import outcomes as outcomes_lib
+
+    floors = reward_floors(config)
+    kind = config.executor.kind
+    if kind == "replay":
+        table = table if table is not None else load_table(config)
+        return outcomes_lib.ReplayExecutor(table, floors=floors), "replay"
+    from wmrl_jax import sandbox
+
+    kwargs = dict(max_workers=config.executor.workers, timeout_s=config.executor.timeout_s)
+    if kind == "docker":
+        try:
+            executor = sandbox.DockerExecutor(config.executor.image or None, **kwargs)
+        except sandbox.InfraError as e:
+            raise ConfigError(f"config.executor.kind='docker' but: {e}") from e
+    elif kind == "local":
+        executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
+    else:  # "auto"; the local backend warns that it does not isolate.
+        executor = sandbox.make_executor(
+            config.executor.image or None, python=sys.executable, **kwargs
+        )
+    return (
+        outcomes_lib.SandboxOutcomes(executor, floors=floors, timeout_s=kwargs["timeout_s"]),
+        "local" if isinstance(executor, sandbox.LocalExecutor) else "docker",
+    )
+
+
+def load_table(config: ml_collections.ConfigDict):
+    """The recipe table answering `executor.kind='replay'` ("" = the committed one)."""
+    from wmrl_jax.envs import tabular
+
+    return tabular.RecipeTable.load(os.path.expanduser(config.executor.table) or None)
+
+
+def build_agent(config: ml_collections.ConfigDict, tasks: TaskSets, key, **kwargs) -> agents.Built:
+    """The agent of `config.agent.kind`, from its sub-config `config.agent.<kind>`.
+
+    Args:
+      config: the training config.
+      tasks: the run's tasks.
+      key: PRNG key for the agent's initialisation and warm start.
+      **kwargs: passed to the kind's factory (e.g. an already loaded `table`).
+    """
+    kind = config.agent.kind
+    context = agents.AgentContext(
+        train=tasks.train, heldout=tasks.heldout, pretrain=tasks.pretrain,
+        floors=reward_floors(config), key=key,
+    )  # fmt: skip
+    try:
+        return agents.make(kind, config.agent[kind], context, **kwargs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e

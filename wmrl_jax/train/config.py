@@ -1,0 +1,243 @@
+"""The training config: its defaults, its validation, and dotted overrides.
+
+`base_config(agent_kind)` is the default a config file in `experiments/configs/`
+starts from: the generic trainer's fields plus `config.agent.<kind>`, the
+agent's own sub-config (`wmrl_jax.agents.default_config`), which goes to the
+agent's factory unchanged. `validate_config` checks every field before any
+work starts and raises `ConfigError` naming the first bad one.
+
+Example:
+    >>> config = base_config("recipe")
+    >>> config.arm, config.agent.kind, config.agent.recipe.hidden_size
+    ('wmrl', 'recipe', 64)
+    >>> validate_config(override(config, anchor_fraction=0.2))
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+
+import ml_collections
+
+from wmrl_jax import agents
+from wmrl_jax.train import arms
+
+EXECUTORS = ("auto", "docker", "local", "replay")
+ANCHOR_POLICIES = ("random", "uncertain")
+ON_INFRA_ERROR = ("wm_only", "raise")
+TASK_SOURCES = ("builtin", "dir", "mle_dojo")
+WM_PARAMS = ("current", "initial")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; raised before any work is done."""
+
+
+def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
+    """The default training config (the tiny CPU main job's values) for an agent kind."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.arm = "wmrl"  # A row of `wmrl_jax.train.arms.ARMS`.
+    config.num_steps = 40
+    config.tasks_per_step = 6
+    config.group_size = 8
+    config.anchor_fraction = 0.1  # ρ; at least one group per step.
+    config.anchor_policy = "random"  # or "uncertain" (largest WM variance first).
+    config.advantage = "std"
+    config.eval_every = 10
+    # Held-out programs per task: 0 = one greedy program; K > 0 = K policy samples
+    # (the expected percentile; the same draws at every evaluation).
+    config.eval_samples = 0
+
+    # Equal compute: with compute_seconds > 0 the run trains until its ledger has spent
+    # that much (num_steps stays a cap) and evaluates each time it crosses one of
+    # eval_points equally spaced compute values, instead of every eval_every steps.
+    config.budget = ml_collections.ConfigDict()
+    config.budget.compute_seconds = 0.0
+    config.budget.eval_points = 10
+
+    config.tasks = ml_collections.ConfigDict()
+    config.tasks.source = "builtin"  # "builtin", "dir" or "mle_dojo".
+    config.tasks.suite_seed = 0
+    config.tasks.path = ""
+    config.tasks.views = ""
+    config.tasks.split_file = ""
+    config.tasks.metrics_file = ""
+
+    config.agent = ml_collections.ConfigDict()
+    config.agent.kind = agent_kind
+    # The world model's weights: "current" (the policy's, as it trains) or "initial"
+    # (the starting backbone, frozen).
+    config.agent.wm_params = "current"
+    config.agent[agent_kind] = agents.default_config(agent_kind)
+
+    config.executor = ml_collections.ConfigDict()
+    config.executor.kind = "auto"  # Docker when an engine answers, else local; or "replay".
+    config.executor.image = ""
+    config.executor.workers = 2
+    config.executor.timeout_s = 120.0
+    config.executor.infra_retries = 2
+    config.executor.on_infra_error = "wm_only"  # or "raise".
+    config.executor.table = ""  # Recipe table answering "replay"; "" = the committed one.
+    # Answer a repeat of an already executed (task, program) from the run's cache, free.
+    config.executor.cache = True
+
+    config.rewards = ml_collections.ConfigDict()
+    config.rewards.invalid = -0.25
+    config.rewards.error = -0.5
+    config.rewards.timeout = -0.75
+
+    config.correction = ml_collections.ConfigDict()
+    config.correction.capacity = 512
+    config.correction.decay = 1.0
+    config.correction.real_var_prior = 1e-3
+    config.correction.min_anchors = 8
+    config.correction.wm_var = "global"
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.lr = 1e-3
+    config.optimizer.warmup_steps = 5
+    config.optimizer.total_steps = -1  # Optimizer updates; -1: num_steps * train.num_epochs.
+    config.optimizer.end_lr_ratio = 0.1
+    config.optimizer.decay = "cosine"  # or "linear".
+    config.optimizer.weight_decay = 0.0
+    config.optimizer.b1 = 0.9
+    config.optimizer.b2 = 0.999
+    config.optimizer.eps = 1e-8
+    config.optimizer.clip_norm = 1.0
+
+    config.train = ml_collections.ConfigDict()
+    config.train.num_microbatches = 1
+    config.train.num_epochs = 2
+    config.train.compute_dtype = "float32"
+    config.train.loss = ml_collections.ConfigDict()
+    config.train.loss.clip_low = 0.2
+    config.train.loss.clip_high = 0.28
+    config.train.loss.kl_coef = 0.0
+    config.train.loss.kl_estimator = "k3"
+    config.train.loss.aggregation = "token_mean"  # or "seq_mean_token_mean", "seq_sum_norm".
+    config.train.loss.norm_constant = 1.0  # Only read by "seq_sum_norm".
+    # Weight of the world model's next-token loss on executed samples (the agent's
+    # `aux_batch`); 0 turns it off. Agents without auxiliary targets need 0.
+    config.train.loss.aux_coef = 1.0 if agents.capabilities(agent_kind).aux_loss else 0.0
+
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.data = 1
+    config.mesh.fsdp = 1
+    config.mesh.tensor = 1
+
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every = 10
+    config.checkpoint.keep = 2
+    config.checkpoint.export_hf = True  # The final policy as a Hugging Face directory.
+    return config
+
+
+def override(config: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted fields replaced (`**{"executor.kind": "replay"}`)."""
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        for key, value in fields.items():
+            node = config
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+    return config
+
+
+def _get(config, field: str):
+    value = config
+    for part in field.split("."):
+        value = value[part]
+    return value
+
+
+def _choice(config, field: str, choices: Sequence[str]) -> None:
+    value = _get(config, field)
+    if value not in choices:
+        raise ConfigError(f"config.{field} must be one of {tuple(choices)}, got {value!r}")
+
+
+def _at_least(config, field: str, low: float) -> None:
+    value = _get(config, field)
+    if not value >= low:
+        raise ConfigError(f"config.{field} must be >= {low}, got {value}")
+
+
+def _finite_numbers(node, prefix: str = "config") -> None:
+    """Every float in the config is finite: a NaN or inf setting fails here, not mid-run."""
+    for key, value in node.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, ml_collections.ConfigDict):
+            _finite_numbers(value, name)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+    """Checks a training config; raises `ConfigError` naming the first bad field."""
+    _finite_numbers(config)
+    _choice(config, "arm", tuple(arms.ARMS))
+    _choice(config, "executor.kind", EXECUTORS)
+    _choice(config, "executor.on_infra_error", ON_INFRA_ERROR)
+    _choice(config, "agent.kind", agents.kinds())
+    _choice(config, "anchor_policy", ANCHOR_POLICIES)
+    _choice(config, "tasks.source", TASK_SOURCES)
+    _choice(config, "agent.wm_params", WM_PARAMS)
+    kind = config.agent.kind
+    if kind not in config.agent:
+        raise ConfigError(f"config.agent.{kind} (the {kind!r} agent's sub-config) is missing")
+    if not 0.0 <= config.anchor_fraction <= 1.0:
+        raise ConfigError(f"config.anchor_fraction must be in [0, 1], got {config.anchor_fraction}")
+    for field in ("num_steps", "tasks_per_step", "eval_every", "checkpoint.every",
+                  "checkpoint.keep", "executor.workers", "correction.capacity"):  # fmt: skip
+        _at_least(config, field, 1)
+    for field in ("eval_samples", "executor.infra_retries", "correction.min_anchors"):
+        _at_least(config, field, 0)
+    if config.group_size < 2:
+        raise ConfigError(
+            f"config.group_size must be >= 2 for group advantages, got {config.group_size}"
+        )
+    if not config.executor.timeout_s > 0:
+        raise ConfigError(f"config.executor.timeout_s must be > 0, got {config.executor.timeout_s}")
+    if not config.correction.real_var_prior > 0:
+        raise ConfigError(
+            f"config.correction.real_var_prior must be > 0, got {config.correction.real_var_prior}"
+        )
+    if not 0.0 < config.correction.decay <= 1.0:
+        raise ConfigError(
+            f"config.correction.decay must be in (0, 1], got {config.correction.decay}"
+        )
+    _at_least(config, "budget.compute_seconds", 0.0)
+    _at_least(config, "budget.eval_points", 1)
+    if config.budget.compute_seconds > 0 and config.optimizer.total_steps < 1:
+        raise ConfigError(
+            "config.budget.compute_seconds > 0 needs a learning-rate schedule that does not "
+            "depend on the run's length: set config.optimizer.total_steps (e.g. with "
+            "config.optimizer.end_lr_ratio=1.0 for a constant rate after warm-up)"
+        )
+    _validate_agent(config)
+    if config.tasks.source in ("dir", "mle_dojo") and not config.tasks.path:
+        raise ConfigError(f"config.tasks.path is required for tasks.source={config.tasks.source!r}")
+
+
+def _validate_agent(config: ml_collections.ConfigDict) -> None:
+    kind, sub = config.agent.kind, config.agent[config.agent.kind]
+    caps = agents.capabilities(kind)
+    if config.train.loss.aux_coef and not caps.aux_loss:
+        raise ConfigError(
+            f"config.train.loss.aux_coef must be 0 for the {kind!r} agent (it has no auxiliary "
+            "world-model targets)"
+        )
+    if config.executor.kind == "replay" and not caps.replayable:
+        raise ConfigError(
+            "config.executor.kind='replay' answers recipe programs only; "
+            f"the {kind!r} agent's programs need 'docker', 'local' or 'auto'"
+        )
+    try:
+        agents.validate(kind, sub)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e

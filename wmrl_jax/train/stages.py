@@ -1,0 +1,152 @@
+"""One training step as named stages, each a function a reader can find and test.
+
+    rollout → world-model pass → anchor choice → execution → correction → update → ledger
+
+`Trainer._step` (`wmrl_jax.train.loop`) calls them in this order and keeps
+what each produced in a `StepRecord`; step hooks (the studies' oracle
+metrics) read the finished record. The stages here are the pure or host-only
+parts: what goes into the fed rewards, which rows count, the advantages, the
+step's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.core import grpo
+from wmrl_jax.envs.task import Task
+from wmrl_jax.train.arms import Arm
+from wmrl_jax.train.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What one step produced, stage by stage (host numpy, rows task-major).
+
+    Attributes:
+      step: the step number (1-based).
+      tasks: the step's tasks; row i belongs to tasks[i // group_size].
+      group_size: G.
+      rollout: the sampled programs and their train batch.
+      wm: world-model predictions, None for arms without a world model.
+      anchor_groups: bool [num_groups], the groups executed for real.
+      outcomes: {row: Outcome} of the executions that count.
+      exec_counts: infrastructure errors, dropped rows and rejected rewards.
+      real: [N] real rewards, NaN where not executed.
+      executed: [N] bool, rows with a real reward.
+      rewards: [N] the rewards fed to GRPO.
+      valid: [N] bool, rows that enter the group statistics and the loss.
+      correction: the correction's diagnostics (empty without a world model).
+      ledger: the step's compute.
+    """
+
+    step: int
+    tasks: list[Task]
+    group_size: int
+    rollout: Rollout | None = None
+    wm: WMOutput | None = None
+    anchor_groups: np.ndarray | None = None
+    outcomes: dict = dataclasses.field(default_factory=dict)
+    exec_counts: dict = dataclasses.field(default_factory=dict)
+    real: np.ndarray | None = None
+    executed: np.ndarray | None = None
+    rewards: np.ndarray | None = None
+    valid: np.ndarray | None = None
+    correction: dict = dataclasses.field(default_factory=dict)
+    ledger: Ledger = Ledger()
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rollout.programs)
+
+
+def step_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> list[Task]:
+    """The tasks of one step, a pure function of (seed, step).
+
+    Without replacement when `count <= len(tasks)`; otherwise every task
+    appears `count // len(tasks)` or one more times (one group each).
+    """
+    rng = np.random.default_rng([seed, step])
+    reps = -(-count // len(tasks))
+    idx = np.concatenate([rng.permutation(len(tasks)) for _ in range(reps)])[:count]
+    return [tasks[i] for i in sorted(idx)]
+
+
+def real_rewards(outcomes: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(real, executed)` of shape [n]: each executed row's reward, NaN elsewhere."""
+    real = np.full(n, np.nan, np.float32)
+    executed = np.zeros(n, bool)
+    for i, out in outcomes.items():
+        real[i], executed[i] = out.reward, True
+    return real, executed
+
+
+def wm_free_rewards(real: np.ndarray, executed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fed rewards of an arm without a world model: real scores, only executed rows valid."""
+    return np.where(executed, real, 0.0).astype(np.float32), executed.copy()
+
+
+def finite_rows(rewards: np.ndarray, valid: np.ndarray, *, step: int) -> np.ndarray:
+    """`valid` without rows whose fed reward is not finite.
+
+    Raises:
+      RuntimeError: every valid row's reward is non-finite — a run that would
+        go on training on nothing (e.g. the correction produced NaN everywhere).
+    """
+    finite = valid & np.isfinite(rewards)
+    if valid.any() and not finite.any():
+        raise RuntimeError(
+            f"step {step}: every fed reward is non-finite ({int(valid.sum())} rows); "
+            "check the correction's settings and the outcome source"
+        )
+    dropped = int(valid.sum() - finite.sum())
+    if dropped:
+        log.warning("step %d: %d non-finite fed rewards masked out", step, dropped)
+    return finite
+
+
+def advantages(rewards: np.ndarray, valid: np.ndarray, g: int, mode: str) -> np.ndarray:
+    """Group advantages of shape [N] over groups of `g` rows; invalid rows get 0."""
+    adv = jax.vmap(lambda r, m: grpo.group_advantages(r, mode=mode, mask=m))(
+        jnp.asarray(np.where(valid, rewards, 0.0).reshape(-1, g)),
+        jnp.asarray(valid.reshape(-1, g)),
+    )
+    return np.asarray(adv, np.float32).reshape(-1)
+
+
+def policy_batch(rollout: Rollout, adv: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
+    """The train-step batch: the rollout's arrays, the advantages, and a loss mask that
+    leaves out rows without a usable reward."""
+    loss_mask = rollout.batch["loss_mask"] * valid[:, None].astype(np.float32)
+    return dict(rollout.batch, advantages=adv, loss_mask=loss_mask)
+
+
+def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
+    """The step's rewards, anchors, world-model and correction scalars."""
+    r, wm, valid = record, record.wm, record.valid
+    m: dict[str, float] = {f"correction/{k}": float(v) for k, v in r.correction.items()}
+    m.update({f"anchors/{k}": float(v) for k, v in r.exec_counts.items()})
+    m["anchors/groups"] = float(r.anchor_groups.sum())
+    m["reward/masked_rows"] = float(np.sum(~valid))
+    if valid.any():
+        m["reward/fed_mean"] = float(np.mean(r.rewards[valid]))
+    if r.executed.any():
+        m["reward/real_mean"] = float(np.nanmean(r.real))
+    if arm.world_model and wm is not None:
+        m["wm/parse_failures"] = float(wm.parse_failures)
+        ok = np.isfinite(wm.mean)
+        if ok.any():
+            m["wm/pred_mean"] = float(np.mean(wm.mean[ok]))
+        both = r.executed & ok
+        if both.any():
+            m["wm/raw_bias_on_anchors"] = float(np.mean(wm.mean[both] - r.real[both]))
+    return m
