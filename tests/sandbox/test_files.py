@@ -167,3 +167,20 @@ def test_stage_root_writable_by_others_is_refused(stage_root, monkeypatch):
     os.chmod(stage_root, 0o777)
     with pytest.raises(InfraError, match="nobody else can write"):
         interpreter.stage_interpreter(sys.executable, root=stage_root)
+
+
+def test_output_walk_is_bounded_in_entries(fast_tmp):
+    from wmrl_jax.sandbox.files import MAX_OUTPUT_ENTRIES
+
+    out = fast_tmp / "output"
+    out.mkdir()
+    for i in range(MAX_OUTPUT_ENTRIES + 10):
+        (out / f"f{i:05d}").write_bytes(b"")
+    files, dropped = _read(fast_tmp)
+    assert len(files) == MAX_OUTPUT_ENTRIES
+    assert dropped == [f"entries past the first {MAX_OUTPUT_ENTRIES}"]
+
+
+def test_output_that_is_a_fifo_is_not_opened(tmp_path):
+    os.mkfifo(tmp_path / "output")
+    assert _read(tmp_path) == ({}, ["output/ (a link or not a directory)"])

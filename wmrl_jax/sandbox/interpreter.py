@@ -232,7 +232,7 @@ def stage_interpreter(python: str, *, root: str = STAGE_ROOT) -> Interpreter:
     """
     info = _query(python)
     if all(reachable(p) for p in _needed(info)):
-        return Interpreter(python, {})
+        return Interpreter(info["executable"], {})
     _safe_root(root)
     stage = os.path.join(root, _digest(python, info))
     error = None

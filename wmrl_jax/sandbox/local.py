@@ -141,10 +141,14 @@ def _uid_slot(interpreter: Interpreter):
     """A user id no other run (in any process) uses at the same time."""
     lock_dir = _UID_LOCK_DIR
     os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+    info = os.lstat(lock_dir)  # a program may have made this path first, as itself or a link
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{lock_dir} is not a private directory of uid {os.geteuid()}")
     start = os.getpid() % UID_SLOTS
     for i in range(UID_SLOTS):
         uid = UID_BASE + (start + i) % UID_SLOTS
-        fd = os.open(os.path.join(lock_dir, str(uid)), os.O_CREAT | os.O_RDWR, 0o600)
+        path = os.path.join(lock_dir, str(uid))
+        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
