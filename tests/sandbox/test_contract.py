@@ -121,3 +121,12 @@ def test_engine_script_usage_and_status(docker_available):
 def test_missing_input_dir_is_a_caller_error(tmp_path):
     with local_executor() as ex, pytest.raises(ValueError, match="not a directory"):
         ex.run("pass", input_dir=tmp_path / "absent")
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1, "10", True])
+def test_impossible_timeouts_are_refused(timeout):
+    with pytest.raises(ValueError, match="timeout_s"):
+        local_executor(timeout_s=timeout)
+    ex = local_executor(timeout_s=10)
+    with pytest.raises(ValueError, match="timeout_s"):
+        ex.run("print(1)", timeout_s=timeout)

@@ -46,6 +46,7 @@ from wmrl_jax.sandbox.result import (
     TailBuffer,
     check_files,
     check_input_dir,
+    check_timeout,
     infra_error,
 )
 
@@ -215,7 +216,7 @@ class DockerExecutor(BaseExecutor):
             image = default_image()
         self.image = image
         self.limits = limits or Limits()
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout(timeout_s)
         try:
             self.client = client or docker.from_env(timeout=int(api_timeout_s))
             self.client.ping()
@@ -279,7 +280,7 @@ class DockerExecutor(BaseExecutor):
             InputError: `input_dir` holds a link that leaves it, or a special
                 file (see `files.input_files`).
         """
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = check_timeout(self.timeout_s if timeout_s is None else timeout_s)
         extra = check_files(files)
         check_input_dir(input_dir)
         start = time.monotonic()

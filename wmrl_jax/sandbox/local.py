@@ -50,6 +50,7 @@ from wmrl_jax.sandbox.result import (
     TailBuffer,
     check_files,
     check_input_dir,
+    check_timeout,
     infra_error,
 )
 
@@ -209,7 +210,7 @@ class LocalExecutor(BaseExecutor):
     ):
         super().__init__(max_workers=max_workers)
         self.limits = limits or Limits()
-        self.timeout_s = timeout_s
+        self.timeout_s = check_timeout(timeout_s)
         root = os.geteuid() == 0
         self.switch_user = root if switch_user is None else switch_user
         if self.switch_user and not root:
@@ -239,7 +240,7 @@ class LocalExecutor(BaseExecutor):
             InputError: `input_dir` holds a link that leaves it, or a special
                 file (see `files.input_files`).
         """
-        timeout = self.timeout_s if timeout_s is None else timeout_s
+        timeout = check_timeout(self.timeout_s if timeout_s is None else timeout_s)
         extra = check_files(files)
         check_input_dir(input_dir)
         start = time.monotonic()

@@ -9,6 +9,8 @@ no image) raises `InfraError` at construction.
 
 import concurrent.futures
 import dataclasses
+import math
+import numbers
 import os
 from collections.abc import Mapping
 from typing import Literal, Protocol, runtime_checkable
@@ -162,6 +164,22 @@ def check_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes]:
             raise ValueError(f"{parts[0]}/ is reserved: {name!r}")
         out[name] = content.encode() if isinstance(content, str) else bytes(content)
     return out
+
+
+def check_timeout(timeout_s) -> float:
+    """A caller's timeout as a float; NaN, infinite, non-positive or non-numbers are refused
+    (a NaN deadline would never pass)."""
+    value = math.nan
+    if isinstance(timeout_s, numbers.Real) and not isinstance(timeout_s, bool):
+        try:
+            value = float(timeout_s)
+        except OverflowError:
+            pass
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}"
+        )
+    return value
 
 
 def check_input_dir(input_dir: str | os.PathLike | None) -> None:
