@@ -2,6 +2,12 @@
 
 Nothing here does I/O or knows about models, sandboxes or files; everything is
 jit- and vmap-able.
+
+Bad input raises ``ValueError`` in every module, with a message that names the
+function and the argument. Array shapes and ranks are checked at entry with
+chex assertions, which read static shapes only and so cost nothing under
+`jax.jit` (and are raised while tracing); settings and modes are checked by
+value.
 """
 
 from wmrl_jax.core.correction import (
