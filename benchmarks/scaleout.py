@@ -1,8 +1,8 @@
 """Executions per second through RayExecutor and EnginePool, against ExecutorPool.
 
-    python -m benchmarks.scaleout [--widths 1,2,4] [--programs 16] [--backend docker]
+    python -m benchmarks.scaleout [--widths 1,2,4] [--programs 4] [--rounds 3] [--backend docker]
                                   [--engines URL,URL] [--json PATH]
-    python -m benchmarks.scaleout --quick      # widths 1 and 2, 4 programs
+    python -m benchmarks.scaleout --quick      # widths 1 and 2, one round of 2 programs per slot
 
 All three run the same backend (`--backend`: Docker by default, "local" for
 the subprocess one) on this machine, `width` programs at once:
@@ -12,11 +12,13 @@ the subprocess one) on this machine, `width` programs at once:
   the executor in the node's actor, the driver here;
 * `EnginePool` over `--engines` (default: the one engine), w slots spread over them.
 
-Throughput: programs per second for a batch of `--programs` copies of a
-program that sleeps `--sleep` seconds (sleep, not CPU, so that widths above
-the core count still measure scheduling, not the CPU), reported as the ratio
-to the anchor at the same width. Overhead: the median latency of one `pass`
-program through each, minus the backend's own `run` (what the layer adds per
+Throughput: programs per second for a batch of `--programs` x width copies of
+a program that sleeps `--sleep` seconds (sleep, not CPU, so that widths above
+the core count still measure scheduling, not the CPU): the median of
+`--rounds` rounds that alternate the three (a shared machine's load drifts
+alike for all), reported as the ratio to the anchor at the same width.
+Overhead: the median latency of one `pass` program through each, minus that
+of the backend's own `run`, the two alternated (what the layer adds per
 program). Dispatch ceiling: programs per second `FanOut` schedules onto
 workers that answer at once (no sandbox): the most one driver can hand out.
 
@@ -69,15 +71,18 @@ def throughput(submit, programs: int, source: str) -> float:
     return programs / elapsed
 
 
-def latency(run, repeats: int) -> float:
-    run("pass")  # warm-up
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        result = run(f"pass  # {i}")
-        times.append(time.perf_counter() - start)
-        assert result.status == "ok", result
-    return statistics.median(times)
+def paired_overhead(run_layer, run_backend, repeats: int) -> float:
+    """Median latency of a `pass` program through the layer minus through the backend,
+    the two alternated (after one warm-up each)."""
+    times = {"layer": [], "backend": []}
+    for i in range(repeats + 1):
+        for key, run in (("layer", run_layer), ("backend", run_backend)):
+            start = time.perf_counter()
+            result = run(f"pass  # {key} {i}")
+            if i:
+                times[key].append(time.perf_counter() - start)
+            assert result.status == "ok", result
+    return statistics.median(times["layer"]) - statistics.median(times["backend"])
 
 
 class _Instant:
@@ -110,7 +115,8 @@ def dispatch_ceiling(programs: int = 5000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", default="1,2,4")
-    parser.add_argument("--programs", type=int, default=16)
+    parser.add_argument("--programs", type=int, default=4, help="per slot, per round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sleep", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backend", choices=("docker", "local"), default="docker")
@@ -120,7 +126,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.quick:
-        args.widths, args.programs, args.repeats = "1,2", 4, 2
+        args.widths, args.programs, args.repeats, args.rounds = "1,2", 2, 2, 1
     widths = [int(w) for w in args.widths.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     source = f"import time\ntime.sleep({args.sleep})\n"
@@ -133,8 +139,6 @@ def main() -> None:
         "rows": [],
         "overhead_s": {},
     }
-    direct = latency(backend.run, args.repeats)
-    out["overhead_s"]["backend_run"] = direct
     out["dispatch_ceiling_per_s"] = dispatch_ceiling()
 
     layers = {}  # name -> (factory of an executor at width w)
@@ -162,16 +166,22 @@ def main() -> None:
 
         layers["EnginePool"] = engine_pool
     try:
-        for name, make_layer in layers.items():
-            for w in widths:
-                layer = make_layer(w)
-                try:
-                    if w == 1:
+        for w in widths:
+            built = {name: make_layer(w) for name, make_layer in layers.items()}
+            try:
+                if w == 1:  # interleaved with the backend's own runs: the load drifts alike
+                    for name, layer in built.items():
                         run = lambda s, layer=layer: layer.submit(s).result()  # noqa: E731
-                        out["overhead_s"][name] = latency(run, args.repeats) - direct
-                    rate = throughput(layer.submit, args.programs, source)
-                finally:
+                        out["overhead_s"][name] = paired_overhead(run, backend.run, args.repeats)
+                rates = {name: [] for name in built}
+                for _ in range(args.rounds):  # rounds interleave the layers, for the same reason
+                    for name, layer in built.items():
+                        rates[name].append(throughput(layer.submit, args.programs * w, source))
+            finally:
+                for layer in built.values():
                     layer.close()
+            for name, values in rates.items():
+                rate = statistics.median(values)
                 out["rows"].append({"layer": name, "width": w, "per_s": rate})
                 print(f"{name:>12} width {w}: {rate:6.2f} programs/s", flush=True)
     finally:
@@ -182,16 +192,18 @@ def main() -> None:
     anchor = {r["width"]: r["per_s"] for r in out["rows"] if r["layer"] == "ExecutorPool"}
     for row in out["rows"]:
         row["vs_pool"] = row["per_s"] / anchor[row["width"]]
-    print(f"\nBackend {out['backend']}; {args.programs} programs of sleep({args.sleep}).")
+    print(
+        f"\nBackend {out['backend']}; {args.programs} x width programs of sleep({args.sleep}),"
+        f" median of {args.rounds} interleaved rounds."
+    )
     print("| layer | width | programs/s | vs ExecutorPool |")
     print("|---|---:|---:|---:|")
     for row in out["rows"]:
         print(f"| {row['layer']} | {row['width']} | {row['per_s']:.2f} | {row['vs_pool']:.2f}x |")
-    print("\n| per-program overhead (median `pass`) | seconds |")
+    print("\n| per-program overhead over the backend's run (median `pass`) | seconds |")
     print("|---|---:|")
     for name, seconds in out["overhead_s"].items():
-        label = "backend run itself" if name == "backend_run" else f"{name} adds"
-        print(f"| {label} | {seconds:+.3f} |")
+        print(f"| {name} | {seconds:+.3f} |")
     print(f"\nFanOut dispatch ceiling: {out['dispatch_ceiling_per_s']:.0f} programs/s")
     if args.json:
         with open(args.json, "w") as f:

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import ml_collections
 import numpy as np
@@ -117,7 +118,7 @@ def _launch(out_dir, devices: int, layout: dict) -> subprocess.Popen:
         PYTHONPATH=REPO,
         **layout,
     )
-    log = open(os.path.join(out_dir, f"log{layout.get('WMRL_PROCESS_ID', '')}.txt"), "w")  # noqa: SIM115
+    log = open(os.path.join(out_dir, f"log{layout.get('WMRL_PROCESS_ID', '')}.txt"), "w")
     return subprocess.Popen(
         [sys.executable, "-m", "tests.train.distributed_check", str(out_dir)],
         cwd=REPO,
@@ -127,21 +128,25 @@ def _launch(out_dir, devices: int, layout: dict) -> subprocess.Popen:
     )
 
 
-def _wait(procs, out_dirs):
-    for proc, out_dir in zip(procs, out_dirs, strict=True):
-        try:
-            code = proc.wait(timeout=400)
-        except subprocess.TimeoutExpired:
+def _wait(procs, out_dirs, timeout_s=400):
+    """Waits for every process; the first failure (or the timeout) kills the others."""
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs):
+        failed = any(p.poll() not in (None, 0) for p in procs)
+        if failed or time.monotonic() > deadline:
             for p in procs:
                 p.kill()
-            code = "timeout"
-        if code != 0:
-            logs = [
-                open(os.path.join(out_dir, n)).read()[-3000:]
-                for n in os.listdir(out_dir)
-                if n.startswith("log")
-            ]
-            pytest.fail(f"process failed ({code}):\n" + "\n".join(logs))
+                p.wait()
+            break
+        time.sleep(0.2)
+    if any(p.returncode != 0 for p in procs):
+        logs = [
+            (d / name).read_text()[-3000:]
+            for d in sorted(set(out_dirs))
+            for name in os.listdir(d)
+            if name.startswith("log")
+        ]
+        pytest.fail(f"exit codes {[p.returncode for p in procs]}:\n" + "\n".join(logs))
 
 
 def test_two_processes_match_one(tmp_path):

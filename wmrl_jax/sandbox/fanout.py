@@ -120,6 +120,7 @@ class FanOut:
         self.per_worker: dict[str, int] = collections.Counter()
         for worker in workers:
             self._add(worker)
+        self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fanout")
         self._dispatcher = threading.Thread(target=self._dispatch, daemon=True, name="fanout")
         self._dispatcher.start()
 
@@ -157,6 +158,7 @@ class FanOut:
         for job in dropped:
             self._resolve(job, infra_error("the executor was closed before the program ran"))
         self._dispatcher.join()
+        self._callbacks.shutdown(wait=True)
         for worker in list(self._workers.values()):
             try:
                 worker.close()
@@ -296,7 +298,14 @@ class FanOut:
         except Exception as e:
             future = concurrent.futures.Future()
             future.set_exception(e)
-        future.add_done_callback(lambda f: self._finished(job, worker, f))
+        future.add_done_callback(lambda f: self._on_done(job, worker, f))
+
+    def _on_done(self, job: _Job, worker: Worker, future: concurrent.futures.Future) -> None:
+        # Not inline: a worker's callback thread (Ray's, say) must not wait on a probe.
+        try:
+            self._callbacks.submit(self._finished, job, worker, future)
+        except RuntimeError:  # closed: only late answers of dropped programs get here
+            pass
 
     def _finished(self, job: _Job, worker: Worker, future: concurrent.futures.Future) -> None:
         lost = False
