@@ -108,6 +108,12 @@ def test_bad_arguments_raise_clear_errors():
         FanOut([ScriptedWorker("w", slots=0)], environment="test")
     with pytest.raises(ValueError, match="max_retries"):
         FanOut([ScriptedWorker("w")], environment="test", max_retries=-1)
+    with FanOut([ScriptedWorker("w")], environment="test") as ex:
+        with pytest.raises(ValueError, match="not a directory"):
+            ex.submit("p", input_dir="/nonexistent/wmrl-input")
+        with pytest.raises(ValueError, match="relative path"):
+            ex.submit("p", files={"../escape.py": "x"})
+        assert ex.stats["submitted"] == 0
     with pytest.raises(ValueError, match="list of URLs"):
         EnginePool("unix:///a.sock")
     with pytest.raises(ValueError, match="2 engines but 1 slot"):

@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from wmrl_jax.sandbox.result import ExecutionResult, infra_error
+from wmrl_jax.sandbox.result import ExecutionResult, check_files, check_input_dir, infra_error
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class FanOut:
         self._running: dict[_Job, str] = {}
         self._cond = threading.Condition()
         self._closed = False
+        self._refreshing = False
         self._last_refresh = time.monotonic()
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self.stats["lost_seconds"] = 0.0
@@ -129,7 +130,14 @@ class FanOut:
     def submit(
         self, source: str, *, input_dir=None, timeout_s: float | None = None, files=None
     ) -> "concurrent.futures.Future[ExecutionResult]":
-        """Queues one program; returns a Future of its `ExecutionResult`."""
+        """Queues one program; returns a Future of its `ExecutionResult`.
+
+        Raises:
+            ValueError: `input_dir` is not a directory, or a file name leaves the work dir.
+            RuntimeError: the executor is closed.
+        """
+        check_input_dir(input_dir)  # a caller's mistake: raised here, never retried
+        check_files(files)
         future: concurrent.futures.Future = concurrent.futures.Future()
         deadline = time.monotonic() + self.deadline_s if self.deadline_s else float("inf")
         with self._cond:
@@ -210,11 +218,17 @@ class FanOut:
         found = self.discover()
         with self._cond:
             self._dead.difference_update(revived)
-            for worker in found:
-                if worker.name not in self._workers or worker.name in self._dead:
-                    self._add(worker)
+            closed = self._closed
+            if not closed:
+                for worker in found:
+                    if worker.name not in self._workers or worker.name in self._dead:
+                        self._add(worker)
             self._last_refresh = time.monotonic()
             self._cond.notify_all()
+        if closed:
+            for worker in found:
+                worker.close()
+            return
         if revived or found:
             log.info("workers back: %s; new: %s", revived, [w.name for w in found])
 
@@ -234,7 +248,7 @@ class FanOut:
 
     def _dispatch(self) -> None:
         while True:
-            starts, expired, stranded = [], [], []
+            starts, expired = [], []
             refresh = False
             with self._cond:
                 if self._closed and not self._running:
@@ -261,11 +275,12 @@ class FanOut:
                     self._running[job] = name
                     job.attempts += 1
                     starts.append((job, self._workers[name]))
-                waiting = bool(self._queue) and not starts
-                if waiting and now - self._last_refresh >= self.refresh_interval_s:
-                    refresh = True
-                elif waiting and len(self._dead) == len(self._workers):
-                    refresh = True  # nothing can run: look now, then give up on the queue
+                waiting = bool(self._queue) and not starts and not self._refreshing
+                if waiting and (
+                    now - self._last_refresh >= self.refresh_interval_s
+                    or len(self._dead) == len(self._workers)  # nothing can run: look now
+                ):
+                    refresh = self._refreshing = True
                 if not (starts or expired or refresh):
                     next_deadline = min(
                         (j.deadline for j in [*self._queue, *self._running]), default=float("inf")
@@ -282,13 +297,22 @@ class FanOut:
                 )
             for job, worker in starts:
                 self._start(job, worker)
-            if refresh:
-                self.refresh()
-                with self._cond:
-                    if len(self._dead) == len(self._workers):
-                        stranded, self._queue = list(self._queue), collections.deque()
-                for job in stranded:
-                    self._resolve(job, infra_error("no worker answers; nothing can run"))
+            if refresh:  # probes may take long: the dispatcher goes on meanwhile
+                threading.Thread(target=self._refresh_or_give_up, daemon=True).start()
+
+    def _refresh_or_give_up(self) -> None:
+        """`refresh`; then, if no worker is left, resolves the queue instead of waiting."""
+        stranded = []
+        try:
+            self.refresh()
+        finally:
+            with self._cond:
+                self._refreshing = False
+                if len(self._dead) == len(self._workers):
+                    stranded, self._queue = list(self._queue), collections.deque()
+                self._cond.notify_all()
+        for job in stranded:
+            self._resolve(job, infra_error("no worker answers; nothing can run"))
 
     def _start(self, job: _Job, worker: Worker) -> None:
         try:

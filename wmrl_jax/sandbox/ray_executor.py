@@ -171,8 +171,8 @@ class RayExecutor(FanOut):
 
     Args:
         address: the cluster to connect to when this process has not called
-            `ray.init` yet (e.g. "auto", "127.0.0.2:6379"); None uses
-            `RAY_ADDRESS` or the running driver.
+            `ray.init` yet (e.g. "127.0.0.2:6379"); None: `RAY_ADDRESS`, else
+            a cluster started on this machine (`ray start`).
         slots_per_node: programs each node runs at once.
         make_executor: picklable zero-argument callable building a node's
             executor (e.g. `functools.partial(DockerExecutor, image, limits=...)`).
@@ -209,7 +209,8 @@ class RayExecutor(FanOut):
             raise ValueError(f"slots_per_node must be >= 1, got {slots_per_node}")
         if not ray.is_initialized():
             try:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+                # "auto": RAY_ADDRESS or a cluster on this machine; never a new one.
+                ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
             except Exception as e:
                 raise InfraError(f"no Ray cluster answers at {address!r}: {e}") from e
         self.slots_per_node = slots_per_node
