@@ -4,6 +4,9 @@ Sources are the datasets bundled with scikit-learn and synthetic families with
 difficulty knobs (noise, class separation, informative features,
 non-linearity). Splits hold out whole datasets and families, as MLE-Dojo holds
 out whole competitions; "pretrain" families are for warm-starting small models.
+Two suites: "core" (22 tasks, the one the recipe table covers) and "grown",
+which adds one task per knob setting of the `families` module (40 training
+and 12 held-out tasks in all).
 
 This module writes a task's data, answers, sample submission and manifest;
 `wmrl_jax.envs.builtin` adds the leaderboards and is the command:
@@ -26,9 +29,10 @@ from typing import NamedTuple
 import numpy as np
 from sklearn import datasets
 
-from wmrl_jax.envs import ladder, metrics, report, task
+from wmrl_jax.envs import families, ladder, metrics, report, task
 
 SUBMISSION_FILE = "submission.csv"
+SUITES = ("core", "grown")
 
 
 class TaskSpec(NamedTuple):
@@ -100,8 +104,29 @@ def _sine(*, frequency: float, noise: float):
     return make
 
 
-def suite_specs() -> list[TaskSpec]:
-    """The suite's tasks; whole families (and bundled datasets) share one split."""
+def suite_specs(name: str = "core") -> list[TaskSpec]:
+    """The tasks of suite `name` (one of `SUITES`); whole families share one split.
+
+    "grown" is "core" plus one task `{family}_{k}` per knob setting of each of
+    `families.families()`.
+    """
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; choose from {SUITES}")
+    core = _core_specs()
+    if name == "core":
+        return core
+    grown = [
+        TaskSpec(
+            f"{f.name}_{k}", f.name, f.split, f.metrics[k % len(f.metrics)],
+            lambda seed, f=f, knobs=knobs: f.make(seed, knobs), f.classification, f.blurb,
+        )
+        for f in families.families()
+        for k, knobs in enumerate(f.grid)
+    ]  # fmt: skip
+    return core + grown
+
+
+def _core_specs() -> list[TaskSpec]:
     c, r = True, False
     return [
         TaskSpec("iris", "iris", "train", "log_loss", _bundled(datasets.load_iris), c,
@@ -234,8 +259,8 @@ class TaskData(NamedTuple):
 
 
 def spec_by_id(task_id: str) -> TaskSpec:
-    """The suite spec with id `task_id`; raises ValueError for an unknown id."""
-    for spec in suite_specs():
+    """The spec with id `task_id` in any suite; raises ValueError for an unknown id."""
+    for spec in suite_specs("grown"):
         if spec.id == task_id:
             return spec
     raise ValueError(f"unknown suite task id {task_id!r}")
@@ -368,9 +393,9 @@ def write_leaderboard(root: str, rows: Sequence[tuple[str, float]]) -> None:
     )
 
 
-def select_specs(only: Sequence[str] | None = None) -> list[TaskSpec]:
-    """The suite's specs, or those in `only` (suite order); unknown ids raise ValueError."""
-    specs = suite_specs()
+def select_specs(only: Sequence[str] | None = None, *, name: str = "core") -> list[TaskSpec]:
+    """Suite `name`'s specs, or those in `only` (suite order); unknown ids raise ValueError."""
+    specs = suite_specs(name)
     if only is None:
         return specs
     unknown = set(only) - {s.id for s in specs}

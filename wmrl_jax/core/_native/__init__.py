@@ -2,7 +2,7 @@
 
 The kernels live in C++ sources next to this file. They are built once per
 (source, jaxlib version, compiler) with the system C++ compiler into a cache
-directory (``$WMRL_JAX_CACHE_DIR`` or ``~/.cache/wmrl_jax``) and registered as
+directory (``wmrl_jax.cache.cache_root()/native``) and registered as
 XLA FFI targets for the CPU platform. When no compiler is available or the
 build fails, `load` returns False with a logged warning and callers use their
 pure-XLA path, which computes the same function.
@@ -27,6 +27,8 @@ import tempfile
 import jax
 import jaxlib
 
+from wmrl_jax import cache
+
 _log = logging.getLogger(__name__)
 _SOURCES = {"isotonic": ("WmrlIsotonicFit", "WmrlIsotonicPredict")}
 _TARGET_NAMES = {
@@ -36,10 +38,7 @@ _TARGET_NAMES = {
 
 
 def _cache_dir() -> pathlib.Path:
-    root = os.environ.get("WMRL_JAX_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wmrl_jax"
-    )
-    return pathlib.Path(root) / "native"
+    return pathlib.Path(cache.cache_root()) / "native"
 
 
 def _build(name: str) -> pathlib.Path:
