@@ -60,3 +60,21 @@ def test_agent_capabilities_are_checked_against_the_rest():
         validate_config(override(text, **{"executor.kind": "replay"}))
     with pytest.raises(ConfigError, match="config.agent.text.checkpoint"):
         validate_config(base_config("text"))
+
+
+def test_cost_model_by_hand():
+    from wmrl_jax.train.cost import ACCELERATORS, CostModel, from_config
+    from wmrl_jax.train.ledger import Ledger
+
+    model = CostModel(params=1e9, peak_flops=1e12, mfu=0.5)
+    ledger = Ledger(gen_tokens=100, wm_tokens=50, train_tokens=10, exec_seconds=3.0)
+    # (2e9 * 150 + 6e9 * 10) / 5e11 = 0.72 s of tokens, plus the measured 3 s.
+    assert model.token_seconds(ledger) == pytest.approx(0.72)
+    assert model.seconds(ledger) == pytest.approx(3.72)
+    assert from_config(base_config()) is None  # off by default
+    on = override(base_config(), **{"cost_model.params": 4e9, "cost_model.accelerator": "H100"})
+    assert from_config(on) == CostModel(4e9, ACCELERATORS["H100"], 0.4)
+    with pytest.raises(ConfigError, match="cost_model.accelerator"):
+        validate_config(override(on, **{"cost_model.accelerator": "TPU9"}))
+    with pytest.raises(ValueError, match="mfu"):
+        CostModel(1e9, 1e12, 1.5)

@@ -107,8 +107,13 @@ def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float:
 
 
 def step_series(summaries: Iterable[dict], key: str) -> np.ndarray:
-    """A per-step metric of shape [seeds, steps] (NaN where absent)."""
-    return np.array([[s.get(key, np.nan) for s in run["steps"]] for run in summaries], np.float64)
+    """A per-step metric of shape [seeds, steps] (NaN where absent, and after a run that
+    stopped earlier than the longest, as budget-limited runs do)."""
+    rows = [[s.get(key, np.nan) for s in run["steps"]] for run in summaries]
+    out = np.full((len(rows), max(map(len, rows), default=0)), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = np.asarray(r, np.float64)
+    return out
 
 
 def _nanstat(fn, x: np.ndarray):
@@ -216,6 +221,11 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
                 "heldout_target_above_start": above_start,
             }
         )
+        ledgers = [s["ledger"] for s in summaries]
+        row["unique_executions"] = float(np.mean([led["executions"] for led in ledgers]))
+        row["cached_executions"] = float(np.mean([led.get("cached", 0.0) for led in ledgers]))
+        rank = step_series(summaries, "oracle/wm_oos_group_rank_corr")
+        row["wm_rank_corr"] = _nanstat(np.nanmean, rank)
         for key in ("oracle/fed_bias", "oracle/fed_error_var", "correction/rank_corr"):
             series = step_series(summaries, key)
             if np.isfinite(series).any():

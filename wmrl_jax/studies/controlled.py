@@ -51,6 +51,53 @@ def _masked_mean(x, mask):
     return jnp.sum(jnp.where(mask, x, 0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
+def _policy_loss(logits, tasks, actions, advantages, rows, *, clip_eps: float):
+    """GRPO loss of the softmax policy over candidates; `rows` [B, G] masks the loss."""
+    logp_all = jax.nn.log_softmax(logits[tasks], axis=-1)  # [B, K]
+    logp = jnp.take_along_axis(logp_all, actions, axis=-1)  # [B, G]
+    logp = logp.reshape(-1, 1)
+    return grpo.grpo_loss(
+        logp,
+        jax.lax.stop_gradient(logp),
+        None,
+        advantages.reshape(-1),
+        rows.reshape(-1, 1),
+        clip_low=clip_eps,
+    )
+
+
+def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor):
+    """`(fed, debiased WM, state')` of shape [B, G] for `arm`, as the trainer feeds them."""
+    if not arm.world_model:
+        return real, pred, state
+    if not (arm.debias or arm.use_real):
+        return pred, pred, state
+    b, g = pred.shape
+    fed, state, _ = correction.update(
+        state,
+        pred.reshape(-1),
+        jnp.ones(b * g),
+        jnp.where(anchor, real, jnp.nan).reshape(-1),
+        anchor.reshape(-1),
+    )
+    return fed.reshape(b, g), correction.debias(state, pred), state
+
+
+def _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked: bool):
+    error = fed - quality
+    return {
+        "true_reward": jnp.mean(jnp.sum(policy * env.quality, axis=-1)),
+        "executions": jnp.sum(anchor).astype(jnp.float32),
+        "bias": _masked_mean(error, anchor) if masked else jnp.mean(error),
+        "error_var": _masked_var(error, anchor) if masked else jnp.var(error),
+        "anchor_var_real": _masked_var(real - quality, anchor),
+        "anchor_var_debiased": _masked_var(debiased - quality, anchor),
+        "anchor_var_fed": _masked_var(error, anchor),
+        "raw_bias": jnp.mean(pred - quality),
+        "debiased_bias": jnp.mean(debiased - quality),
+    }
+
+
 def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict:
     """Trains one arm for one seed; pure, jit- and vmap-able over `key`.
 
@@ -63,10 +110,10 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
       A dict of per-step arrays of shape [num_steps]: ``true_reward`` (the
       policy's expected true quality, over all tasks), ``executions``,
       ``bias`` and ``error_var`` (mean and variance of fed reward minus true
-      quality), and on anchor samples ``anchor_var_real``,
-      ``anchor_var_debiased``, ``anchor_var_fed``; and the mean error of the
-      raw and the debiased WM stream over all samples, ``raw_bias`` and
-      ``debiased_bias``.
+      quality, over the rows the arm trains on), and on anchor samples
+      ``anchor_var_real``, ``anchor_var_debiased``, ``anchor_var_fed``; and the
+      mean error of the raw and the debiased WM stream over all samples,
+      ``raw_bias`` and ``debiased_bias``.
     """
     arm_spec = arms_lib.get(arm)
     env_cfg, wm_cfg = config.env, config.world_model
@@ -91,21 +138,8 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         real_var_prior=config.correction.real_var_prior,
         min_anchors=config.correction.min_anchors,
     )
-    logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
-
-    def loss_fn(logits, tasks, actions, advantages, rows):
-        logp_all = jax.nn.log_softmax(logits[tasks], axis=-1)  # [B, K]
-        logp = jnp.take_along_axis(logp_all, actions, axis=-1)  # [B, G]
-        logp = logp.reshape(-1, 1)
-        loss, metrics = grpo.grpo_loss(
-            logp,
-            jax.lax.stop_gradient(logp),
-            None,
-            advantages.reshape(-1),
-            rows.reshape(-1, 1),
-            clip_low=config.clip_eps,
-        )
-        return loss, metrics
+    adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
+    loss_fn = functools.partial(_policy_loss, clip_eps=config.clip_eps)
 
     def step(carry: _Carry, step_key):
         k_task, k_act, k_real, k_wm, k_anchor = jax.random.split(step_key, 5)
@@ -116,23 +150,9 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         pred = simulated.wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec)
         anchor_groups = jax.random.permutation(k_anchor, b) < n_anchor_groups
         anchor = jnp.broadcast_to(anchor_groups[:, None], (b, g))
-
-        state = carry.correction
-        if not arm_spec.world_model:
-            fed, debiased = real, pred
-        elif not (arm_spec.debias or arm_spec.use_real):
-            fed, debiased = pred, pred
-        else:
-            fed, state, _ = correction.update(
-                state,
-                pred.reshape(-1),
-                jnp.ones(b * g),
-                jnp.where(anchor, real, jnp.nan).reshape(-1),
-                anchor.reshape(-1),
-            )
-            fed = fed.reshape(b, g)
-            debiased = correction.debias(state, pred)
-        adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
+        fed, debiased, state = _fed_rewards(
+            arm_spec, correction, carry.correction, pred, real, anchor
+        )
         if masked:
             advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, anchor)
         else:
@@ -140,23 +160,11 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         rows = anchor if masked else jnp.ones((b, g), bool)
         grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages, rows)
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
-        logits = optax.apply_updates(carry.logits, updates)
-
         policy = jax.nn.softmax(carry.logits, axis=-1)
-        error = fed - quality
-        outputs = {
-            "true_reward": jnp.mean(jnp.sum(policy * env.quality, axis=-1)),
-            "executions": jnp.sum(anchor).astype(jnp.float32),
-            "bias": _masked_mean(error, anchor) if masked else jnp.mean(error),
-            "error_var": _masked_var(error, anchor) if masked else jnp.var(error),
-            "anchor_var_real": _masked_var(real - quality, anchor),
-            "anchor_var_debiased": _masked_var(debiased - quality, anchor),
-            "anchor_var_fed": _masked_var(error, anchor),
-            "raw_bias": jnp.mean(pred - quality),
-            "debiased_bias": jnp.mean(debiased - quality),
-        }
-        return _Carry(logits, opt_state, state), outputs
+        outputs = _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked)
+        return _Carry(optax.apply_updates(carry.logits, updates), opt_state, state), outputs
 
+    logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
     carry = _Carry(logits, optimizer.init(logits), correction.init())
     _, outputs = jax.lax.scan(step, carry, jax.random.split(k_run, config.num_steps))
     return outputs

@@ -47,18 +47,34 @@ def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
 def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:
     """A step hook reporting `oracle/*` metrics from `source.lookup(task, program)`.
 
+    Besides `oracle_metrics`, `oracle/wm_oos_group_rank_corr`: the world model's
+    within-group Spearman correlation with the truth on the programs never
+    executed in the run so far (the hook remembers what it saw executed).
+
     Args:
       source: an outcome source that can look up any program's true outcome
         without charging for it (`envs.outcomes.ReplayExecutor`).
     """
 
+    executed: set[tuple[str, str]] = set()  # (task, program) executed so far in the run
+
     def hook(record: StepRecord) -> dict[str, float]:
         g = record.group_size
+        pairs = [(record.tasks[i // g].id, p) for i, p in enumerate(record.rollout.programs)]
         truth = np.array(
             [source.lookup(record.tasks[i // g], p).reward
              for i, p in enumerate(record.rollout.programs)]
         )  # fmt: skip
         wm_mean = None if record.wm is None else record.wm.mean
-        return oracle_metrics(record.rewards, record.valid, truth, wm_mean, g)
+        executed.update(pairs[i] for i in record.outcomes)
+        metrics = oracle_metrics(record.rewards, record.valid, truth, wm_mean, g)
+        if wm_mean is not None:
+            # Out of sample: only programs never executed in this run (up to this step), so
+            # the world model cannot have learned their outcome from an anchor.
+            fresh = np.array([pair not in executed for pair in pairs])
+            metrics["oracle/wm_oos_group_rank_corr"] = _group_rank_corr(
+                np.where(fresh, wm_mean, np.nan), truth, g
+            )
+        return metrics
 
     return hook

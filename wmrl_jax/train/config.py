@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from wmrl_jax import agents
-from wmrl_jax.train import arms
+from wmrl_jax.train import arms, cost
 
 EXECUTORS = ("auto", "docker", "local", "replay")
 ANCHOR_POLICIES = ("random", "uncertain")
@@ -57,6 +57,13 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.budget = ml_collections.ConfigDict()
     config.budget.compute_seconds = 0.0
     config.budget.eval_points = 10
+
+    # A modelled ledger beside the measured one (`wmrl_jax.train.cost`): tokens charged
+    # at the FLOPs of a `params`-parameter model on `accelerator` at `mfu`; 0 = off.
+    config.cost_model = ml_collections.ConfigDict()
+    config.cost_model.params = 0.0
+    config.cost_model.accelerator = "A100"
+    config.cost_model.mfu = 0.4
 
     config.tasks = ml_collections.ConfigDict()
     config.tasks.source = "builtin"  # "builtin", "dir" or "mle_dojo".
@@ -219,6 +226,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "depend on the run's length: set config.optimizer.total_steps (e.g. with "
             "config.optimizer.end_lr_ratio=1.0 for a constant rate after warm-up)"
         )
+    _at_least(config, "cost_model.params", 0.0)
+    if config.cost_model.params:
+        try:
+            cost.from_config(config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
     _validate_agent(config)
     if config.tasks.source in ("dir", "mle_dojo") and not config.tasks.path:
         raise ConfigError(f"config.tasks.path is required for tasks.source={config.tasks.source!r}")

@@ -22,7 +22,9 @@ contiguous). Each process loads only its rows (`process_rows`) and
 `global_batch` assembles the global arrays the train step takes. Every
 process takes part in orbax saves and restores (orbax writes the JSON
 metadata from process 0 only); files of our own (metrics, exports, reports)
-are written by process 0 (`is_primary`, `write_on_primary`).
+are written by process 0 (`is_primary`, `write_on_primary`), and what must
+happen once (executing anchors) happens there too, its results sent to the
+others (`broadcast_from_primary`).
 
 Example:
     >>> spec = initialize(resolve(config.distributed))    # before any other JAX call
@@ -45,6 +47,7 @@ from jax.experimental import multihost_utils
 __all__ = [
     "ProcessSpec",
     "barrier",
+    "broadcast_from_primary",
     "default_config",
     "expand_hostlist",
     "global_batch",
@@ -236,6 +239,19 @@ def barrier(name: str) -> None:
     """Waits until every process reaches the barrier `name` (no-op for one process)."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def broadcast_from_primary(tree):
+    """Process 0's value of a pytree of numpy arrays, on every process.
+
+    For what only process 0 may do once, e.g. executing the anchors in the
+    sandbox (every process submitting would run each program once per host
+    and count it as often in the ledger): process 0 executes, the others
+    pass arrays of the same shapes and dtypes and receive its results.
+    """
+    if jax.process_count() == 1:
+        return tree
+    return multihost_utils.broadcast_one_to_all(tree, is_source=is_primary())
 
 
 def write_on_primary(path: str | os.PathLike, data: bytes | str) -> bool:

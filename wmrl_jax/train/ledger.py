@@ -53,6 +53,8 @@ class Ledger(NamedTuple):
             `compute_seconds`).
         cached: executions answered from the run's execution cache (a repeat of
             a program already executed on that task): reported, not charged.
+        train_tokens: tokens through the train step's forward and backward
+            (over all epochs); the modelled cost reads it (`train.cost`).
     """
 
     gen_tokens: float = 0.0
@@ -64,6 +66,7 @@ class Ledger(NamedTuple):
     train_seconds: float = 0.0
     accelerator_seconds: float = 0.0
     cached: float = 0.0
+    train_tokens: float = 0.0
 
     def add(self, other: "Ledger") -> "Ledger":
         """Fieldwise sum (e.g. cumulative total plus this step)."""

@@ -35,7 +35,7 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.train import arms, builder, stages
+from wmrl_jax.train import arms, builder, cost, stages
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.config import validate_config
@@ -114,6 +114,7 @@ class Trainer:
             on_infra_error=config.executor.on_infra_error, cache=config.executor.cache,
         )  # fmt: skip
         self.correction = builder.make_correction(config)
+        self.cost_model = cost.from_config(config)
         self.optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
         self.mesh = step_lib.make_mesh_from_config(config.mesh)
         self.train_step = step_lib.make_train_step(
@@ -246,6 +247,8 @@ class Trainer:
         metrics.update(stages.step_metrics(record, self.arm))
         metrics.update({f"ledger/{k}": float(v) for k, v in self.ledger.to_dict().items()})
         metrics["ledger/compute_seconds"] = float(self.ledger.compute_seconds)
+        if self.cost_model is not None:
+            metrics["ledger/modelled_compute_seconds"] = self.cost_model.seconds(self.ledger)
         for hook in self.hooks:
             metrics.update(hook(record))
         return metrics
@@ -313,6 +316,10 @@ class Trainer:
             batch.update(
                 self.agent.aux_batch(record.tasks, record.rollout, record.real, record.executed)
             )
+        trained = float(batch["attention_mask"].sum())
+        if "aux_tokens" in batch:  # The world model's own sequences, trained beside.
+            trained += float(batch["aux_tokens"].size)
+        timing.add(train_tokens=trained * c.train.num_epochs)
         with timing.timed("train_seconds"):
             self.state, train_metrics = self.train_step(self.state, batch, key)
             train_metrics = jax.device_get(train_metrics)

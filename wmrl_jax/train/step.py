@@ -30,6 +30,8 @@ state donated; a caller places the state once with ``step.shard_state(state)``
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -184,6 +186,64 @@ def _weights(valid, aggregation: str):
     return jnp.ones_like(tokens)
 
 
+def _micro_loss(params, mb, *, graphdef, config, dtype, total_weight, total_aux):
+    """One micro-batch's share of the whole-batch loss, and its metrics."""
+    c, aux_coef = config.loss, _aux_coef(config)
+    logp, entropy = sequence_logprobs(
+        graphdef, params, mb["tokens"], mb["attention_mask"], compute_dtype=dtype
+    )
+    ok = _valid(mb["loss_mask"])
+    loss, metrics = grpo.grpo_loss(
+        logp,
+        mb["old_logprobs"],
+        mb.get("ref_logprobs"),
+        mb["advantages"],
+        ok,
+        clip_low=c.clip_low,
+        clip_high=c.clip_high,
+        kl_coef=c.kl_coef,
+        kl_estimator=c.kl_estimator,
+        aggregation=c.aggregation,
+        norm_constant=c.get("norm_constant") if c.aggregation == "seq_sum_norm" else None,
+    )
+    # grpo_loss divides by max(weight_mb, 1); a weight-0 micro-batch has loss 0.
+    scale = jnp.maximum(jnp.sum(_weights(ok, c.aggregation)), 1.0) / total_weight
+    tokens = jnp.sum(ok).astype(jnp.float32)
+    metrics["entropy"] = jnp.sum(jnp.where(ok, entropy, 0.0)) / jnp.maximum(tokens, 1.0)
+    metrics["tokens"] = tokens
+    loss = loss * scale
+    if aux_coef:  # Normalised by the whole batch's aux targets: an exact global mean.
+        aux_logp, _ = sequence_logprobs(
+            graphdef, params, mb["aux_tokens"], jnp.ones_like(mb["aux_tokens"]),
+            compute_dtype=dtype,
+        )  # fmt: skip
+        aux_nll = -jnp.sum(mb["aux_mask"] * aux_logp) / total_aux
+        metrics["aux_nll"] = aux_nll
+        loss = loss + aux_coef * aux_nll
+    return loss, metrics
+
+
+def _zero_sums(aux: bool) -> dict:
+    sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", *_TOKEN_MEANS, "entropy")}
+    sums |= {"ratio_min": jnp.float32(1e30), "ratio_max": jnp.float32(-1e30)}
+    if aux:
+        sums["aux_nll"] = jnp.zeros((), jnp.float32)
+    return sums
+
+
+def _add_metrics(sums: dict, loss, metrics: dict, total_tokens) -> dict:
+    """Running whole-batch metrics: token means weighted by each micro-batch's tokens."""
+    share = metrics["tokens"] / jnp.maximum(total_tokens, 1.0)
+    seen = metrics["tokens"] > 0
+    return {
+        **({"aux_nll": sums["aux_nll"] + metrics["aux_nll"]} if "aux_nll" in sums else {}),
+        "loss": sums["loss"] + loss,
+        **{k: sums[k] + metrics[k] * share for k in (*_TOKEN_MEANS, "entropy")},
+        "ratio_min": jnp.minimum(sums["ratio_min"], jnp.where(seen, metrics["ratio_min"], 1e30)),
+        "ratio_max": jnp.maximum(sums["ratio_max"], jnp.where(seen, metrics["ratio_max"], -1e30)),
+    }
+
+
 def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=None):
     """Exact whole-batch GRPO loss, float32 gradient and metrics, by micro-batches.
 
@@ -202,83 +262,34 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
       structure of ``params``, and a dict of float32 scalars (see `TrainStep`).
     """
     c = config.loss
-    m = config.num_microbatches
-    dtype = COMPUTE_DTYPES.get(config.get("compute_dtype"))
-    kl_on = c.kl_coef != 0
-    if kl_on and ref_logprobs is None:
+    if c.kl_coef != 0 and ref_logprobs is None:
         raise ValueError("ref_logprobs are required when loss.kl_coef != 0.")
     aux_coef = _aux_coef(config)
     data = {k: batch[k] for k in batch_spec(config)}
-    total_aux = jnp.maximum(jnp.sum(data["aux_mask"]), 1.0) if aux_coef else None
-    if kl_on:
+    if c.kl_coef != 0:
         data["ref_logprobs"] = ref_logprobs
     valid = _valid(data["loss_mask"])
-    weights = _weights(valid, c.aggregation)
-    total_weight = jnp.maximum(jnp.sum(weights), 1.0)
     total_tokens = jnp.sum(valid).astype(jnp.float32)
-    micro = split_microbatches(data, m, mesh)
-    norm = c.get("norm_constant") if c.aggregation == "seq_sum_norm" else None
-
-    def micro_loss(p, mb):
-        logp, entropy = sequence_logprobs(
-            graphdef, p, mb["tokens"], mb["attention_mask"], compute_dtype=dtype
-        )
-        ok = _valid(mb["loss_mask"])
-        loss, metrics = grpo.grpo_loss(
-            logp,
-            mb["old_logprobs"],
-            mb.get("ref_logprobs"),
-            mb["advantages"],
-            ok,
-            clip_low=c.clip_low,
-            clip_high=c.clip_high,
-            kl_coef=c.kl_coef if kl_on else 0,
-            kl_estimator=c.kl_estimator,
-            aggregation=c.aggregation,
-            norm_constant=norm,
-        )
-        # grpo_loss divides by max(weight_mb, 1); a weight-0 micro-batch has loss 0.
-        scale = jnp.maximum(jnp.sum(_weights(ok, c.aggregation)), 1.0) / total_weight
-        tokens = jnp.sum(ok).astype(jnp.float32)
-        metrics["entropy"] = jnp.sum(jnp.where(ok, entropy, 0.0)) / jnp.maximum(tokens, 1.0)
-        metrics["tokens"] = tokens
-        loss = loss * scale
-        if aux_coef:  # Normalised by the whole batch's aux targets: an exact global mean.
-            aux_logp, _ = sequence_logprobs(
-                graphdef, p, mb["aux_tokens"], jnp.ones_like(mb["aux_tokens"]), compute_dtype=dtype
-            )
-            aux_nll = -jnp.sum(mb["aux_mask"] * aux_logp) / total_aux
-            metrics["aux_nll"] = aux_nll
-            loss = loss + aux_coef * aux_nll
-        return loss, metrics
+    micro_loss = functools.partial(
+        _micro_loss,
+        graphdef=graphdef,
+        config=config,
+        dtype=COMPUTE_DTYPES.get(config.get("compute_dtype")),
+        total_weight=jnp.maximum(jnp.sum(_weights(valid, c.aggregation)), 1.0),
+        total_aux=jnp.maximum(jnp.sum(data["aux_mask"]), 1.0) if aux_coef else None,
+    )
 
     def body(carry, mb):
         grads, sums = carry
         (loss, metrics), g = jax.value_and_grad(micro_loss, has_aux=True)(params, mb)
         grads = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), grads, g)
-        share = metrics["tokens"] / jnp.maximum(total_tokens, 1.0)
-        seen = metrics["tokens"] > 0
-        sums = {
-            **({"aux_nll": sums["aux_nll"] + metrics["aux_nll"]} if aux_coef else {}),
-            "loss": sums["loss"] + loss,
-            **{k: sums[k] + metrics[k] * share for k in (*_TOKEN_MEANS, "entropy")},
-            "ratio_min": jnp.minimum(
-                sums["ratio_min"], jnp.where(seen, metrics["ratio_min"], 1e30)
-            ),
-            "ratio_max": jnp.maximum(
-                sums["ratio_max"], jnp.where(seen, metrics["ratio_max"], -1e30)
-            ),
-        }
-        return (grads, sums), None
+        return (grads, _add_metrics(sums, loss, metrics, total_tokens)), None
 
     zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if mesh is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, state_lib.tree_shardings(zeros, mesh))
-    sums = {k: jnp.zeros((), jnp.float32) for k in ("loss", *_TOKEN_MEANS, "entropy")}
-    sums |= {"ratio_min": jnp.float32(1e30), "ratio_max": jnp.float32(-1e30)}
-    if aux_coef:
-        sums["aux_nll"] = jnp.zeros((), jnp.float32)
-    (grads, sums), _ = jax.lax.scan(body, (zeros, sums), micro)
+    micro = split_microbatches(data, config.num_microbatches, mesh)
+    (grads, sums), _ = jax.lax.scan(body, (zeros, _zero_sums(bool(aux_coef))), micro)
     any_valid = total_tokens > 0
     sums["ratio_min"] = jnp.where(any_valid, sums["ratio_min"], 1.0)
     sums["ratio_max"] = jnp.where(any_valid, sums["ratio_max"], 1.0)

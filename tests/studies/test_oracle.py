@@ -1,0 +1,51 @@
+"""The replay-oracle step hook: fed rewards against the truth, and the out-of-sample WM."""
+
+import numpy as np
+
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.envs.outcomes import Outcome
+from wmrl_jax.studies.compute import step_series
+from wmrl_jax.studies.oracle import replay_oracle
+from wmrl_jax.train.stages import StepRecord
+
+
+class Task:
+    def __init__(self, id):
+        self.id = id
+
+
+class Truth:
+    """The true reward of program p is float(p)."""
+
+    def lookup(self, task, program):
+        return Outcome("ok", float(program), 0.5, 0.5, 1.0)
+
+
+def _record(programs, wm, executed_rows):
+    n = len(programs)
+    rec = StepRecord(1, [Task("a")], n, rollout=Rollout(programs, {}, 0))
+    rec.wm = WMOutput(np.asarray(wm, np.float32), np.ones(n, np.float32), 0, 0)
+    rec.outcomes = {i: Truth().lookup(None, programs[i]) for i in executed_rows}
+    rec.rewards = np.asarray(wm, np.float32)
+    rec.valid = np.ones(n, bool)
+    return rec
+
+
+def test_oracle_metrics_and_the_out_of_sample_rank_correlation():
+    hook = replay_oracle(Truth())
+    programs = ["0.1", "0.2", "0.3", "0.4", "0.5"]
+    # The WM ranks the first three right and the last two backwards.
+    wm = [0.1, 0.2, 0.3, 0.9, 0.0]
+    m = hook(_record(programs, wm, executed_rows=[]))
+    assert m["oracle/true_reward"] == np.float64(0.3)
+    assert np.isclose(m["oracle/fed_bias"], np.mean(np.subtract(wm, [0.1, 0.2, 0.3, 0.4, 0.5])))
+    assert np.isclose(m["oracle/wm_group_rank_corr"], m["oracle/wm_oos_group_rank_corr"])
+    # Once the two misranked programs have been executed, what is left is ranked right.
+    m = hook(_record(programs, wm, executed_rows=[3, 4]))
+    assert m["oracle/wm_oos_group_rank_corr"] == 1.0
+    assert m["oracle/wm_group_rank_corr"] < 1.0
+
+
+def test_step_series_pads_runs_of_different_length():
+    runs = [{"steps": [{"x": 1.0}, {"x": 2.0}]}, {"steps": [{"x": 3.0}]}]
+    np.testing.assert_array_equal(step_series(runs, "x"), [[1.0, 2.0], [3.0, np.nan]])

@@ -1,0 +1,74 @@
+"""A modelled ledger: what a run would cost with a large LLM, beside the measured seconds.
+
+On the CPU benchmarks generation, world-model passes and updates take almost
+no time, so a small-batch real-execution arm looks nearly free per update.
+With a 4B–9B model every token costs accelerator time. `CostModel` charges
+tokens at the FLOPs of a configurable model size — 2·N per generated or
+scored token (a forward), 6·N per trained token (forward and backward) — on an
+accelerator of a given peak throughput and utilisation (MFU), and adds the
+measured execution seconds, which do not depend on the model:
+
+    modelled seconds = exec_seconds + (2·N·(gen_tokens + wm_tokens) + 6·N·train_tokens)
+                                      / (peak_flops · mfu)
+
+It is a model, labelled as such wherever it is reported (`ledger/modelled_*`);
+the measured ledger stays the headline of a run.
+
+Example:
+    >>> model = CostModel(params=4e9, peak_flops=ACCELERATORS["A100"], mfu=0.4)
+    >>> round(model.seconds(Ledger(gen_tokens=1e6, exec_seconds=10.0)), 1)
+    74.1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from wmrl_jax.train.ledger import Ledger
+
+# Dense bf16 peak FLOP/s per accelerator (vendor figures, no sparsity).
+ACCELERATORS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12}
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Token costs of an N-parameter model on one accelerator (see the module docstring).
+
+    Attributes:
+      params: N, the model's parameter count.
+      peak_flops: the accelerator's peak FLOP/s.
+      mfu: model FLOPs utilisation in (0, 1].
+    """
+
+    params: float
+    peak_flops: float
+    mfu: float
+
+    def __post_init__(self):
+        if not (self.params > 0 and self.peak_flops > 0 and 0 < self.mfu <= 1):
+            raise ValueError(f"need params > 0, peak_flops > 0, 0 < mfu <= 1; got {self}")
+
+    def token_seconds(self, ledger: Ledger) -> float:
+        """Accelerator seconds of the ledger's tokens."""
+        flops = 2 * self.params * (ledger.gen_tokens + ledger.wm_tokens)
+        flops += 6 * self.params * ledger.train_tokens
+        return flops / (self.peak_flops * self.mfu)
+
+    def seconds(self, ledger: Ledger) -> float:
+        """Modelled compute: token seconds plus the measured execution seconds."""
+        return self.token_seconds(ledger) + float(ledger.exec_seconds)
+
+
+def from_config(config: ml_collections.ConfigDict) -> CostModel | None:
+    """The `config.cost_model` of a run, or None when `params` is 0 (off)."""
+    c = config.cost_model
+    if not c.params:
+        return None
+    if c.accelerator not in ACCELERATORS:
+        raise ValueError(
+            f"config.cost_model.accelerator must be one of {tuple(ACCELERATORS)}, "
+            f"got {c.accelerator!r}"
+        )
+    return CostModel(float(c.params), ACCELERATORS[c.accelerator], float(c.mfu))
