@@ -5,10 +5,12 @@ orbax save/restore, either as one of several `jax.distributed` processes or alon
 
 The process layout comes from the environment (`distributed.resolve`); JAX_PLATFORMS
 and XLA_FLAGS (forced CPU devices) are set by the caller. Every process runs the same
-(data=2, fsdp=2, tensor=2) mesh over all 8 devices of all processes, loads only its
-rows of the batch, runs two steps, saves a checkpoint (every process takes part) and
-restores it into the same shardings. Process 0 writes `result.npz` (the final params,
-optimizer state and metrics, gathered); every process writes `process<i>.json`.
+(data=2, fsdp=1, tensor=2) mesh over all 4 devices of all processes (2 processes of 2
+devices: the batch split across processes, each param across a process's devices; or
+one process of 4), loads only its rows of the batch, runs two steps, saves a checkpoint
+(every process takes part) and restores it into the same shardings. Process 0 writes
+`result.npz` (the final params, optimizer state and metrics, gathered); every process
+writes `process<i>.json`, with the rewards process 0 broadcast.
 """
 
 import json
@@ -39,7 +41,7 @@ def flat(tree, prefix: str) -> dict:
 
 def main(out_dir: str) -> None:
     spec = distributed.initialize(distributed.resolve())
-    assert jax.process_count() == spec.num_processes and jax.device_count() == 8
+    assert jax.process_count() == spec.num_processes and jax.device_count() == 4
     model = ref.tiny_model()
     batch = ref.make_batch(GLOBAL_ROWS, 24)
     config = step_lib.default_step_config()
@@ -50,7 +52,7 @@ def main(out_dir: str) -> None:
     opt_config.lr, opt_config.eps, opt_config.weight_decay = 1e-3, 1e-6, 0.01
     optimizer = state_lib.make_optimizer(opt_config)
 
-    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)  # every process's devices
+    mesh = sharding.make_mesh(data=2, fsdp=1, tensor=2)  # every process's devices
     step = step_lib.make_train_step(model.graphdef, optimizer, config, mesh)
     state = state_lib.init_train_state(
         model.params, optimizer, kl_coef=config.loss.kl_coef, extra={"ledger": np.arange(3.0)}
@@ -74,6 +76,12 @@ def main(out_dir: str) -> None:
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
         assert a.sharding == b.sharding, (a.sharding, b.sharding)
 
+    # Only process 0 "executes"; every process ends with its rewards.
+    mine = (
+        np.arange(4, dtype=np.float32) + 1 if distributed.is_primary() else np.zeros(4, np.float32)
+    )
+    rewards = distributed.broadcast_from_primary({"rewards": mine})["rewards"]
+
     arrays = {
         **flat(state.params, "params"),
         **flat(state.opt_state, "opt"),
@@ -95,6 +103,7 @@ def main(out_dir: str) -> None:
                 "local_devices": jax.local_device_count(),
                 "wrote": wrote,
                 "step": int(state.step),
+                "rewards": np.asarray(rewards).tolist(),
             },
             f,
         )

@@ -155,21 +155,22 @@ def test_two_processes_match_one(tmp_path):
     procs = [
         _launch(
             multi,
-            4,
+            2,
             dict(WMRL_COORDINATOR=coordinator, WMRL_NUM_PROCESSES="2", WMRL_PROCESS_ID=str(i)),
         )
         for i in range(2)
     ]
-    procs.append(_launch(single, 8, {}))
+    procs.append(_launch(single, 4, {}))
     _wait(procs, [multi, multi, single])
 
     info = [json.loads((multi / f"process{i}.json").read_text()) for i in range(2)]
     assert [p["source"] for p in info] == ["env", "env"]
-    assert [p["local_devices"] for p in info] == [4, 4]
+    assert [p["local_devices"] for p in info] == [2, 2]
     assert [p["rows"] for p in info] == [[0, 8], [8, 16]]  # each process loads its half
     assert [p["wrote"] for p in info] == [True, False]  # only process 0 writes
     assert json.loads((multi / "primary.json").read_text()) == {"writer": 0}
     assert [p["step"] for p in info] == [2, 2]
+    assert [p["rewards"] for p in info] == [[1.0, 2.0, 3.0, 4.0]] * 2  # process 0's, everywhere
 
     got, want = np.load(multi / "result.npz"), np.load(single / "result.npz")
     assert sorted(got.files) == sorted(want.files)
