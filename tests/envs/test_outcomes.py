@@ -12,7 +12,14 @@ import pytest
 
 from tests.envs.test_recipes import local_executor, shared_suite
 from wmrl_jax.envs import grading, recipes, tabular
-from wmrl_jax.envs.outcomes import Outcome, ReplayExecutor, SandboxOutcomes, failed_outcome
+from wmrl_jax.envs.outcomes import (
+    PROGRAM_FILE,
+    Outcome,
+    ReplayExecutor,
+    SandboxOutcomes,
+    failed_outcome,
+    with_replicate,
+)
 from wmrl_jax.envs.task import load_task
 from wmrl_jax.sandbox import ExecutionResult
 
@@ -82,8 +89,10 @@ class _FakeExecutor:
     def __init__(self, mode):
         self.mode = mode
         self.closed = False
+        self.calls = []
 
-    def submit(self, source, *, input_dir=None, timeout_s=None):
+    def submit(self, source, *, input_dir=None, timeout_s=None, files=None):
+        self.calls.append((source, files))
         if self.mode == "raise":
             raise RuntimeError("engine unreachable")
         future = concurrent.futures.Future()
@@ -108,6 +117,25 @@ def test_infra_errors_get_nan_rewards(iris, mode):
     assert outcome.message
     outcomes.close()
     assert executor.closed
+
+
+def test_sandbox_runs_the_program_with_its_replicate(sandbox, iris):
+    program = 'import os\nraise RuntimeError("replicate=" + os.environ["WMRL_REPLICATE"])\n'
+    got = [sandbox.submit(iris, program, **kw).result(timeout=120) for kw in ({}, {"replicate": 3})]
+    assert [o.status for o in got] == ["error", "error"]
+    assert "replicate=0" in got[0].message and "replicate=3" in got[1].message
+
+
+def test_with_replicate_hands_the_executor_a_launcher_and_the_program(iris):
+    executor = _FakeExecutor("oom")
+    SandboxOutcomes(executor).submit(iris, "print(1)", replicate=2).result()
+    ((launcher, files),) = executor.calls
+    assert (launcher, files) == with_replicate("print(1)", 2)
+    assert files == {PROGRAM_FILE: "print(1)"} and '"WMRL_REPLICATE"] = "2"' in launcher
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="non-negative integer"):
+            SandboxOutcomes(executor).submit(iris, "print(1)", replicate=bad)
+    assert len(executor.calls) == 1  # Refused before anything ran.
 
 
 def test_custom_floors_and_oom(iris):
@@ -140,6 +168,11 @@ def test_replay_returns_the_recorded_outcome(replay, iris, index):
     np.testing.assert_equal(outcome.score, table.score[t, index])
     np.testing.assert_equal(outcome.percentile, table.percentile("iris")[index])
     assert replay.recipe_of(iris, source) == index
+    assert replay.submit(iris, source, replicate=0).result() == outcome
+    assert replay.reward_mean(iris, source) == outcome.reward == replay.lookup(iris, source).reward
+    assert replay.num_replicates == 1 and math.isnan(replay.reward_var(iris, source))
+    with pytest.raises(ValueError, match=r"replicate must be in \[0, 1\)"):
+        replay.submit(iris, source, replicate=1)
 
 
 def test_replay_rejects_unknown_programs_and_other_data(replay, iris, tmp_path):

@@ -1,10 +1,21 @@
 """Program -> outcome: real execution and grading, or a replay from the recipe table.
 
 Free-form programs and recipe programs share everything downstream of the
-program text: both go through `submit(task, source) -> Future[Outcome]`.
-`SandboxOutcomes` runs the program on an executor (or `ExecutorPool`) and grades
-the submission it writes; `ReplayExecutor` answers recipe programs from the
-tabular benchmark and charges the compute they cost when they were executed.
+program text: both go through `submit(task, source, *, replicate=0) ->
+Future[Outcome]`. `SandboxOutcomes` runs the program on an executor (or
+`ExecutorPool`) and grades the submission it writes; `ReplayExecutor` answers
+recipe programs from the tabular benchmark and charges the compute they cost
+when they were executed.
+
+Replicates: one program executed twice on the same data may score twice
+differently (model seeds, validation splits). Every execution carries a
+replicate index, a non-negative integer the program reads from the environment
+variable `recipes.REPLICATE_ENV` (`WMRL_REPLICATE`) and may seed itself with.
+The same (task, program, replicate) gives the same outcome, so a caller's
+execution cache keys on all three; the true reward of a program is its mean
+over replicates. The committed recipe table records one execution per (task,
+recipe) (`ReplayExecutor.num_replicates` is 1) until it is rebuilt with
+replicates.
 
 Failures are outcomes, never exceptions: a crash, a timeout or a garbage
 submission gets its floor reward; a sandbox failure is "infra_error" with a
@@ -19,10 +30,13 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import tempfile
 from collections.abc import Mapping
 from typing import NamedTuple
+
+import numpy as np
 
 from wmrl_jax.envs import grading, recipes
 from wmrl_jax.envs.tabular import (
@@ -75,6 +89,45 @@ def failed_outcome(
     return Outcome(status, _floor(status, floors), NAN, NAN, float(seconds), message)
 
 
+# The program's file name beside the launcher that sets its replicate index.
+PROGRAM_FILE = "program.py"
+_LAUNCHER = """import os
+import runpy
+
+os.environ[{env}] = {value}
+runpy.run_path({program}, run_name="__main__")
+"""
+
+
+def with_replicate(source: str, replicate: int) -> tuple[str, dict[str, str]]:
+    """A launcher that runs `source` with `recipes.REPLICATE_ENV` set to `replicate`.
+
+    Executors take a program and extra files but no environment, so the
+    program goes in as `PROGRAM_FILE` and a three-line launcher sets the
+    variable and runs it as `__main__`. Executor caches key on both, so each
+    replicate is its own entry.
+
+    Returns:
+        (launcher source, {PROGRAM_FILE: source}): the `source` and `files`
+        arguments of an executor's `submit`.
+    """
+    value = check_replicate(replicate)
+    launcher = _LAUNCHER.format(
+        env=json.dumps(recipes.REPLICATE_ENV), value=json.dumps(str(value)),
+        program=json.dumps(PROGRAM_FILE),
+    )  # fmt: skip
+    return launcher, {PROGRAM_FILE: source}
+
+
+def check_replicate(replicate: int) -> int:
+    """`replicate` as an int; ValueError unless it is a non-negative integer."""
+    if isinstance(replicate, bool) or not isinstance(replicate, int | np.integer):
+        raise ValueError(f"replicate must be a non-negative integer, got {replicate!r}")
+    if replicate < 0:
+        raise ValueError(f"replicate must be a non-negative integer, got {replicate}")
+    return int(replicate)
+
+
 def _resolved(outcome: Outcome) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(outcome)
@@ -86,7 +139,7 @@ class SandboxOutcomes:
 
     Args:
         executor: an `Executor` or `ExecutorPool` (anything with
-            `submit(source, *, input_dir=, timeout_s=) -> Future[ExecutionResult]`).
+            `submit(source, *, input_dir=, timeout_s=, files=) -> Future[ExecutionResult]`).
         floors: rewards for outcomes without a valid score.
         timeout_s: wall-clock limit; default each task's `limits["wall_seconds"]`.
         close_executor: whether `close()` closes the executor too.
@@ -105,11 +158,18 @@ class SandboxOutcomes:
         self.timeout_s = timeout_s
         self.close_executor = close_executor
 
-    def submit(self, task: Task, source: str) -> concurrent.futures.Future:
-        """Schedules `source` on `task`'s public data; a Future of its `Outcome`."""
+    def submit(self, task: Task, source: str, *, replicate: int = 0) -> concurrent.futures.Future:
+        """Schedules `source` on `task`'s public data; a Future of its `Outcome`.
+
+        The program runs with `recipes.REPLICATE_ENV` set to `replicate`
+        (`with_replicate`); ValueError unless it is a non-negative integer.
+        """
         timeout = self.timeout_s or task.limits.get("wall_seconds")
+        launcher, files = with_replicate(source, replicate)
         try:
-            inner = self.executor.submit(source, input_dir=task.public_dir, timeout_s=timeout)
+            inner = self.executor.submit(
+                launcher, input_dir=task.public_dir, timeout_s=timeout, files=files
+            )
         except Exception as e:  # the sandbox could not take it: not the program's fault
             return _resolved(self._infra(f"submit failed: {type(e).__name__}: {e}"))
         outer: concurrent.futures.Future = concurrent.futures.Future()
@@ -181,6 +241,11 @@ class ReplayExecutor:
         self.startup_seconds = float(table.meta["startup_seconds"])
 
     @property
+    def num_replicates(self) -> int:
+        """Replicates recorded per (task, recipe); `submit` takes indices below it."""
+        return 1
+
+    @property
     def fingerprint(self) -> str:
         """What decides this source's answers (the table's digest); a run resumes only
         from checkpoints made with the same fingerprint."""
@@ -209,8 +274,14 @@ class ReplayExecutor:
             )
         return index
 
-    def submit(self, task: Task, source: str) -> concurrent.futures.Future:
-        """An already-resolved Future of the recorded `Outcome` of `source` on `task`."""
+    def submit(self, task: Task, source: str, *, replicate: int = 0) -> concurrent.futures.Future:
+        """An already-resolved Future of the recorded `Outcome` of `source` on `task`
+        in replicate `replicate`; ValueError for a replicate the table lacks."""
+        if check_replicate(replicate) >= self.num_replicates:
+            raise ValueError(
+                f"replicate must be in [0, {self.num_replicates}): the table records "
+                f"{self.num_replicates} execution per (task, recipe), got {replicate}"
+            )
         r = self.recipe_of(task, source)
         t = self.table.row(task.id)
         status = STATUS_NAMES[self.table.status[t, r]]
@@ -228,8 +299,18 @@ class ReplayExecutor:
 
     def lookup(self, task: Task, source: str) -> Outcome:
         """The recorded outcome, as an oracle: studies compare the rewards they feed to
-        GRPO with every sample's true reward (nothing is charged; the caller decides)."""
+        GRPO with every sample's true reward (nothing is charged; the caller decides).
+        With replicates it is their mean."""
         return self.submit(task, source).result()
+
+    def reward_mean(self, task: Task, source: str) -> float:
+        """The program's true reward: the mean of its replicates' rewards."""
+        return float(self.lookup(task, source).reward)
+
+    def reward_var(self, task: Task, source: str) -> float:
+        """The variance (ddof=1) of the program's reward over its replicates; NaN with one."""
+        self.recipe_of(task, source)
+        return float("nan")
 
     def close(self) -> None:
         """Nothing to release; for the shared submit/close API."""

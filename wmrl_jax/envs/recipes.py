@@ -37,6 +37,9 @@ NUM_RECIPES: int = SLOT_SIZES[0] * SLOT_SIZES[1] * SLOT_SIZES[2] * SLOT_SIZES[3]
 CLASSIFICATION_METRICS = ("accuracy", "log_loss", "auc")
 REGRESSION_METRICS = ("rmse", "mae", "r2")
 SEED = 0
+# The environment variable carrying an execution's replicate index (a non-negative
+# integer); executors set it (`outcomes.SandboxOutcomes`), programs may seed with it.
+REPLICATE_ENV = "WMRL_REPLICATE"
 # Mixed into every probability row: one confident mistake must not cost the whole log-loss.
 HEDGE = 0.005
 FRACTIONS = (0.1, 0.3, 1.0)
