@@ -18,6 +18,7 @@ import pytest
 
 from tests.sandbox.conftest import TEST_LIMITS
 from wmrl_jax.sandbox.docker_backend import LABEL
+from wmrl_jax.sandbox.fanout import DEADLINE_MESSAGE
 from wmrl_jax.sandbox.remote import EnginePool
 
 STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-second")
@@ -200,3 +201,20 @@ def test_engine_killed_mid_batch_reruns_elsewhere_and_comes_back(second_engine, 
         futures = [pool.submit(_program(10 + i, 0.5)) for i in range(4)]
         assert [f.result(timeout=120).status for f in futures] == ["ok"] * 4
         assert pool.per_worker[URL_B] >= 1
+
+
+def test_a_program_past_the_deadline_is_dropped_without_holding_up_the_others(docker_available):
+    with EnginePool(
+        [_first_url()], docker_available, slots=2, limits=TEST_LIMITS, deadline_s=3.0
+    ) as pool:
+        start = time.monotonic()
+        slow = pool.submit(_program(0, 30.0), timeout_s=8)
+        fast = pool.submit(_program(1, 0.1))
+        assert fast.result(timeout=60).stdout == "1\n"
+        result = slow.result(timeout=60)
+        waited = time.monotonic() - start
+    assert result.status == "infra_error" and result.message.startswith(DEADLINE_MESSAGE)
+    assert waited < 8  # dropped at its deadline, not at its own timeout
+    # Closing waited for the container; its late answer was discarded, counted once.
+    assert pool.stats["dropped"] == 1 and pool.stats["late"] == 1
+    assert pool.stats["submitted"] == pool.stats["results"] == 2

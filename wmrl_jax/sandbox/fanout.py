@@ -158,7 +158,8 @@ class FanOut:
         return [f.result() for f in futures]
 
     def close(self) -> None:
-        """Resolves queued programs as infra errors, waits for running ones, closes workers."""
+        """Resolves queued programs as infra errors, waits for running ones (also those
+        dropped at their deadline), closes workers."""
         with self._cond:
             self._closed = True
             dropped, self._queue = list(self._queue), collections.deque()
@@ -166,12 +167,14 @@ class FanOut:
         for job in dropped:
             self._resolve(job, infra_error("the executor was closed before the program ran"))
         self._dispatcher.join()
-        self._callbacks.shutdown(wait=True)
+        # Workers close first (they wait for what still runs: programs dropped at
+        # their deadline), so that late answers are still seen and counted.
         for worker in list(self._workers.values()):
             try:
                 worker.close()
             except Exception as e:  # a dead worker may not close cleanly
                 log.warning("closing worker %s: %s", worker.name, e)
+        self._callbacks.shutdown(wait=True)
 
     def __enter__(self):
         return self
