@@ -20,7 +20,7 @@ from wmrl_jax.models.api import (
 from wmrl_jax.models.config import SUPPORTED_MODEL_TYPES, Qwen3Config, config_from_dict
 from wmrl_jax.models.qwen3 import Qwen3, apply, token_logprobs
 from wmrl_jax.models.qwen3_5 import Qwen3_5
-from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
+from wmrl_jax.models.qwen3_5_config import Qwen3_5Config, qwen3_5_text_config_dict
 from wmrl_jax.models.sampler import SampleOutput, sample
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "from_params",
     "from_pretrained",
     "left_pad",
+    "qwen3_5_text_config_dict",
     "qwen3_config_dict",
     "random_model",
     "render_chat",

@@ -177,3 +177,65 @@ def qwen3_5_config_from_dict(raw: Mapping[str, Any]) -> Qwen3_5Config:
     if text.get("hidden_act", "silu") != "silu":
         raise ValueError(f"qwen3_5: hidden_act must be 'silu', got {text['hidden_act']!r}")
     return config
+
+
+def qwen3_5_text_config_dict(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    head_dim: int,
+    linear_num_key_heads: int,
+    linear_num_value_heads: int,
+    linear_key_head_dim: int,
+    linear_value_head_dim: int,
+    linear_conv_kernel_dim: int = 4,
+    layer_types: list[str] | None = None,
+    tie_word_embeddings: bool = False,
+    rope_theta: float = 10_000_000.0,
+    partial_rotary_factor: float = 0.25,
+    eos_token_id: int | None = None,
+    dtype: str = "float32",
+) -> dict:
+    """A Hugging Face `config.json` dictionary for a text-only Qwen3.5 ("qwen3_5_text").
+
+    Example:
+        >>> raw = qwen3_5_text_config_dict(vocab_size=512, hidden_size=64,
+        ...     intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        ...     num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+        ...     linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)
+        >>> models.random_model(raw, jax.random.key(0)).save_pretrained("/tmp/tiny_qwen3_5")
+    """
+    layer_types = default_layer_types(num_hidden_layers) if layer_types is None else layer_types
+    return {
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "layer_types": list(layer_types),
+        "linear_conv_kernel_dim": linear_conv_kernel_dim,
+        "linear_key_head_dim": linear_key_head_dim,
+        "linear_value_head_dim": linear_value_head_dim,
+        "linear_num_key_heads": linear_num_key_heads,
+        "linear_num_value_heads": linear_num_value_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": tie_word_embeddings,
+        "attention_bias": False,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "partial_rotary_factor": partial_rotary_factor,
+        },
+        "eos_token_id": eos_token_id,
+        "dtype": dtype,
+    }
