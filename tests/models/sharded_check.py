@@ -16,6 +16,9 @@ def main(name: str) -> None:
     assert jax.device_count() == 8, jax.devices()
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     plain = models.from_pretrained(fixture_path(name))
+    # Qwen3.5's recurrent state carries the changed float32 summation order of the
+    # sharded matmuls through the sequence: up to ~5e-5 on these O(1) logits.
+    atol = 1e-4 if isinstance(plain.config, models.Qwen3_5Config) else 1e-5
     sharded = models.from_pretrained(fixture_path(name), mesh=mesh)
 
     params = nnx.to_pure_dict(sharded.params)
@@ -33,7 +36,7 @@ def main(name: str) -> None:
     batch = NamedSharding(mesh, sharding.batch_spec(ids.shape, mesh))
     sharded_logits = sharded.logits(jax.device_put(ids, batch))
     np.testing.assert_allclose(
-        np.asarray(sharded_logits), np.asarray(plain.logits(ids)), rtol=0, atol=1e-5
+        np.asarray(sharded_logits), np.asarray(plain.logits(ids)), rtol=0, atol=atol
     )
     cache = sharding.cache_spec((4, 2, 80, 12), mesh)
     assert cache == jax.sharding.PartitionSpec(("data", "fsdp"), "tensor", None, None), cache
@@ -45,7 +48,7 @@ def main(name: str) -> None:
     )
     b = models.sample(plain, ids[:, :16], np.ones((4, 16), np.int32), jax.random.key(0), **kw)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
-    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=atol)
     print("SHARDED OK", split)
 
 
