@@ -12,6 +12,7 @@ between ``<!-- embodied:begin -->`` and ``<!-- embodied:end -->``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -69,11 +70,14 @@ def render(workdir: str, readme: str | None = None) -> dict:
         os.makedirs(_ASSETS, exist_ok=True)
         shutil.copyfile(plot_path, os.path.join(_ASSETS, "embodied.png"))
         budgets = ", ".join(f"{t} {c['budget'] // 1000}k" for t, c in config["tasks"].items())
+        runs = [r for e in payload["results"].values() for rs in e["arms"].values() for r in rs]
+        cpu = sum(r.get("cpu_seconds", math.nan) for r in runs)
+        cpu_text = "" if math.isnan(cpu) else f", {cpu / 60:.0f} CPU-min in the runs"
         body = (
             f"`python -m experiments.study_embodied` ({config['num_seeds']} seeds, "
-            f"simulator-step budget per run: {budgets}; "
-            f"{payload['wall_seconds'] / 60:.0f} min on this CPU with "
-            f"{config['workers']} processes). {report.headline(analysis)}\n\n"
+            f"simulator-step budget per run: {budgets}; {payload['wall_seconds'] / 60:.0f} min "
+            f"wall-clock with {config['workers']} processes on a shared 2-core machine"
+            f"{cpu_text}). {report.headline(analysis)}\n\n"
             f"{table}\n\n![embodied study](docs/embodied.png)"
         )
         with open(readme) as f:

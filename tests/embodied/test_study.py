@@ -33,6 +33,9 @@ def test_crossing():
     assert study.crossing(x, np.array([0.0, 0.5, 1.0]), 0.25) == 50.0
     assert study.crossing(x, np.array([0.3, 0.5, 1.0]), 0.25) == 0.0
     assert math.isinf(study.crossing(x, np.array([0.0, 0.1, 0.2]), 0.25))
+    # Reach and hold: a peak that falls back does not count; the last rise does.
+    assert math.isinf(study.crossing(x, np.array([0.0, 0.5, 0.2]), 0.25))
+    assert study.crossing(x, np.array([0.5, 0.0, 1.0]), 0.25) == 125.0
     with pytest.raises(ValueError):
         study.crossing(x, np.ones(2), 0.5)
 
@@ -51,16 +54,22 @@ def test_analyse_by_hand():
         }
     }
     a = study.analyse(results, bootstrap=200)["reacher"]
-    assert a["real"]["target"] == pytest.approx(0.6)
-    assert a["real"]["steps_to_target"] == pytest.approx(300.0)
-    assert a["wmrl"]["steps_to_target"] == pytest.approx(150.0)
-    assert a["wmrl"]["ratio"] == pytest.approx(2.0)
-    assert a["wmrl"]["ratio_lo"] <= 2.0 <= a["wmrl"]["ratio_hi"]
-    assert a["wm_naive"]["ratio"] is None and a["wm_naive"]["seeds_reaching"] == 0
+    assert a["real"]["at_final"]["target"] == pytest.approx(0.6)
+    assert a["real"]["at_final"]["steps"] == pytest.approx(300.0)
+    assert a["wmrl"]["at_final"]["steps"] == pytest.approx(150.0)
+    assert a["wmrl"]["at_final"]["ratio"] == pytest.approx(2.0)
+    assert a["wmrl"]["at_final"]["ratio_lo"] <= 2.0 <= a["wmrl"]["at_final"]["ratio_hi"]
+    # 90% of 0.6 = 0.54: real at 200 + 100 * 0.14 / 0.2 = 270, wmrl at 100 + 100 * 0.14 / 0.4 = 135.
+    assert a["wmrl"]["at_90"]["ratio"] == pytest.approx(270.0 / 135.0)
+    assert a["wm_naive"]["at_final"]["ratio"] is None
+    assert a["wm_naive"]["at_final"]["seeds_reaching"] == 0
     assert a["real"]["final_se"] == pytest.approx(0.1)  # std(0.5, 0.7) / sqrt(2)
     full = study.analyse(results, bootstrap=10)
     assert "2.00×" in report.headline(full) and "falls short of" in report.headline(full)
-    assert "| reacher | wm_naive | 0.00 → 0.00 ± 0.00 | never | never |" in report.table(full)
+    assert (
+        "| reacher | wm_naive | 0.00 → 0.00 ± 0.00 | never (0/2) | never (0/2) |"
+        in report.table(full)
+    )
 
 
 def test_flat_real_is_not_measurable():
@@ -68,7 +77,8 @@ def test_flat_real_is_not_measurable():
         "pusher": {"config": {}, "arms": {"real": [_run([0.0] * 4)], "wmrl": [_run([0.0] * 4)]}}
     }
     a = study.analyse(results, bootstrap=10)
-    assert not a["pusher"]["wmrl"]["measurable"] and a["pusher"]["wmrl"]["ratio"] is None
+    assert not a["pusher"]["wmrl"]["measurable"]
+    assert a["pusher"]["wmrl"]["at_final"]["ratio"] is None
     assert "not measurable" in report.headline(a)
 
 
@@ -94,6 +104,7 @@ def test_study_command_end_to_end(tmp_path, monkeypatch):
     text = readme.read_text()
     assert "old" not in text and "| reacher | wmrl |" in text and "docs/embodied.png" in text
     assert (tmp_path / "docs" / "embodied.png").stat().st_size > 1000
+    assert "CPU-min in the runs" in text
     payload = json.loads((tmp_path / "out" / "results.json").read_text())
     runs = payload["results"]["reacher"]["arms"]
     budget, h, k = config.tasks.reacher.budget, 50, config.tasks.reacher.prefix_len

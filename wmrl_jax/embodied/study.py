@@ -82,26 +82,34 @@ def run_study(
 
 
 def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
-    """First x where the piecewise-linear curve ``y(x)`` reaches ``target``; inf if never.
+    """First x from which the piecewise-linear curve ``y(x)`` stays at or above ``target``.
+
+    "Reach and hold": a curve that touches the target and falls back (a
+    policy exploiting its world model, then collapsing) has not reached it.
 
     Args:
       x: increasing evaluation points, of shape [P].
       y: values at them, of shape [P].
       target: the level to reach.
 
+    Returns:
+      The interpolated x, or inf when the last point is below the target.
+
     Example:
       >>> crossing(np.array([0.0, 10.0, 20.0]), np.array([0.0, 0.2, 0.6]), 0.4)
       15.0
+      >>> crossing(np.array([0.0, 10.0, 20.0]), np.array([0.0, 0.6, 0.2]), 0.4)
+      inf
     """
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"x and y must be [P], got {x.shape} and {y.shape}")
-    above = np.flatnonzero(y >= target)
-    if not above.size:
-        return float("inf")
-    j = int(above[0])
-    if j == 0:
+    below = np.flatnonzero(y < target)
+    if not below.size:
         return float(x[0])
+    j = int(below[-1]) + 1
+    if j == len(y):
+        return float("inf")
     frac = (target - y[j - 1]) / (y[j] - y[j - 1])
     return float(x[j - 1] + frac * (x[j] - x[j - 1]))
 
@@ -112,67 +120,77 @@ def _curves(runs: list) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _ratio(x, real_y, arm_y, target_fn) -> float:
-    target = target_fn(real_y)
+def _ratio(x, real_y, arm_y, fraction) -> float:
+    target = fraction * real_y[:, -1].mean()
     real_steps = crossing(x, real_y.mean(0), target)
     arm_steps = crossing(x, arm_y.mean(0), target)
     return real_steps / arm_steps if np.isfinite(arm_steps) and arm_steps > 0 else 0.0
 
 
+def _target_stats(x, real_y, y, fraction, rng, bootstrap, measurable) -> dict:
+    """Steps for the arm's seed-mean to reach and hold ``fraction`` x real's final; the ratio."""
+    target = fraction * float(real_y[:, -1].mean())
+    steps = crossing(x, y.mean(0), target)
+    real_steps = crossing(x, real_y.mean(0), target)
+    ratios = []
+    for _ in range(bootstrap if measurable else 0):
+        ry = real_y[rng.integers(0, real_y.shape[0], real_y.shape[0])]
+        ay = y[rng.integers(0, y.shape[0], y.shape[0])]
+        ratios.append(_ratio(x, ry, ay, fraction))
+    finite = measurable and np.isfinite(steps)
+    return {
+        "target": target,
+        "steps": steps,
+        "ratio": real_steps / max(steps, 1.0) if finite else None,
+        "ratio_lo": float(np.percentile(ratios, 10)) if ratios else None,
+        "ratio_hi": float(np.percentile(ratios, 90)) if ratios else None,
+        "seeds_reaching": int(sum(np.isfinite(crossing(x, yi, target)) for yi in y)),
+    }
+
+
 def analyse(results: dict, *, bootstrap: int = 1000, seed: int = 0) -> dict:
     """Per task and arm: curves, final success, steps and ratio to reach `real`'s final.
 
-    The interval of the ratio is the 10th-90th percentile over bootstrap
-    resamples of the seeds (of `real` and of the arm independently); a
-    resample in which the arm never reaches the target counts as ratio 0.
+    The headline target is `real`'s final success (mean over seeds at the full
+    budget); a second, at 90% of it, is less brittle where `real` saturates
+    (at 1.0 a single failed evaluation episode misses the target). The
+    interval of a ratio is the 10th-90th percentile over bootstrap resamples
+    of the seeds (of `real` and of the arm independently); a resample in which
+    the arm does not reach the target counts as ratio 0.
 
     Returns:
       ``{task: {arm: {...}}}`` with, per arm: ``steps`` [P], ``mean`` and
-      ``se`` [P] (success over seeds), ``final_mean``, ``final_se``,
-      ``target`` (real's final mean), ``steps_to_target`` (inf: never),
-      ``ratio`` (None when not measurable or never), ``ratio_lo``,
-      ``ratio_hi``, ``seeds_reaching`` (seeds whose own curve reaches the
-      target), ``updates``, ``wm_rank_corr``, and the mean ledger.
+      ``se`` [P] (success over seeds), ``start_mean``, ``final_mean``,
+      ``final_se``, ``measurable`` (real's final is above its start),
+      ``at_final`` and ``at_90`` (each: ``target``, ``steps`` (inf: never),
+      ``ratio`` (None: never or not measurable), ``ratio_lo``, ``ratio_hi``,
+      ``seeds_reaching``), ``updates``, ``wm_rank_corr``, and the mean ledger.
     """
     rng = np.random.default_rng(seed)
     out = {}
     for task, entry in results.items():
         arms = entry["arms"]
         x, real_y = _curves(arms["real"])
-        target = float(real_y[:, -1].mean())
-        measurable = target > real_y[:, 0].mean()
+        measurable = bool(real_y[:, -1].mean() > real_y[:, 0].mean())
         out[task] = {}
         for arm, runs in arms.items():
             _, y = _curves(runs)
             n = y.shape[0]
-            steps = crossing(x, y.mean(0), target)
-            real_steps = crossing(x, real_y.mean(0), target)
-            ratios = []
-            for _ in range(bootstrap if measurable else 0):
-                ry = real_y[rng.integers(0, real_y.shape[0], real_y.shape[0])]
-                ay = y[rng.integers(0, n, n)]
-                ratios.append(_ratio(x, ry, ay, lambda r: r[:, -1].mean()))
-            ratio = real_steps / steps if measurable and np.isfinite(steps) and steps > 0 else None
             ledgers = [r["ledger"] for r in runs]
+            corr = [r["wm_rank_corr"] for r in runs if np.isfinite(r["wm_rank_corr"])]
             out[task][arm] = {
                 "steps": x.tolist(),
                 "mean": y.mean(0).tolist(),
                 "se": (y.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.zeros_like(x)).tolist(),
+                "start_mean": float(y[:, 0].mean()),
                 "final_mean": float(y[:, -1].mean()),
                 "final_se": float(y[:, -1].std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
-                "start_mean": float(y[:, 0].mean()),
-                "target": target,
-                "measurable": bool(measurable),
-                "steps_to_target": steps,
-                "ratio": ratio,
-                "ratio_lo": float(np.percentile(ratios, 10)) if ratios else None,
-                "ratio_hi": float(np.percentile(ratios, 90)) if ratios else None,
-                "seeds_reaching": int(sum(np.isfinite(crossing(x, yi, target)) for yi in y)),
+                "measurable": measurable,
+                "at_final": _target_stats(x, real_y, y, 1.0, rng, bootstrap, measurable),
+                "at_90": _target_stats(x, real_y, y, 0.9, rng, bootstrap, measurable),
                 "seeds": n,
                 "updates": float(np.mean([r["updates"] for r in runs])),
-                "wm_rank_corr": float(np.nanmean([r["wm_rank_corr"] for r in runs]))
-                if any(np.isfinite(r["wm_rank_corr"]) for r in runs)
-                else None,
+                "wm_rank_corr": float(np.mean(corr)) if corr else None,
                 "ledger": {k: float(np.mean([lg[k] for lg in ledgers])) for k in ledgers[0]},
             }
     return out

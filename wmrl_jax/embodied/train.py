@@ -150,9 +150,9 @@ def run_arm(
       A dict: ``curve`` (list of {sim_steps, success, return}), ``ledger``
       (`SimLedger` as a dict), ``updates``, ``wm_rank_corr`` (mean within-group
       Spearman of out-of-sample predictions on executed groups; NaN without
-      them) and ``wall_seconds``.
+      them), ``wall_seconds`` and ``cpu_seconds`` (this process, all threads).
     """
-    start_wall = time.perf_counter()
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
     arm_spec = arms_lib.get_arm(arm)
     if make_env is None:
         make_env = functools.partial(envs_lib.GymnasiumEpisodes, tasks.get_task(config.task))
@@ -287,4 +287,5 @@ def run_arm(
         "updates": updates,
         "wm_rank_corr": float(np.nanmean(corrs)) if np.isfinite(corrs).any() else float("nan"),
         "wall_seconds": time.perf_counter() - start_wall,
+        "cpu_seconds": time.process_time() - start_cpu,
     }
