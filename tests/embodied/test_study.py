@@ -131,3 +131,7 @@ def test_study_command_end_to_end(tmp_path, monkeypatch):
     assert set(analysis["reacher"]) == set(config.arms)
     with pytest.raises(ValueError, match="unknown config variant"):
         embodied.get_config("huge")
+    full = embodied.get_config()
+    assert full.num_seeds >= 5 and set(full.tasks) == {"reacher", "pendulum"}
+    with pytest.raises(AttributeError):  # Locked, down to the run configs: a typo fails.
+        full.tasks.reacher.policy.learning_rat = 1.0
