@@ -15,9 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Iterator
 from typing import NamedTuple
 
 
@@ -50,13 +47,3 @@ class SimLedger(NamedTuple):
     def add(self, other: SimLedger) -> SimLedger:
         """Field-wise sum."""
         return SimLedger(*(a + b for a, b in zip(self, other, strict=True)))
-
-
-@contextlib.contextmanager
-def timed(store: dict, name: str) -> Iterator[None]:
-    """Adds the wall seconds of the block to ``store[name]``."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        store[name] = store.get(name, 0.0) + time.perf_counter() - start
