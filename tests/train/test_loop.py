@@ -6,7 +6,6 @@ import concurrent.futures
 import logging
 import math
 
-import jax
 import numpy as np
 import pytest
 

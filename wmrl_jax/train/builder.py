@@ -43,7 +43,7 @@ def load_tasks(config: ml_collections.ConfigDict) -> TaskSets:
     if source == "builtin":
         from wmrl_jax.envs import builtin
 
-        root = builtin.cached_suite(seed=config.tasks.suite_seed)
+        root = builtin.cached_suite(seed=config.tasks.suite_seed, suite_name=config.tasks.suite)
         paths = [os.path.join(root, d) for d in sorted(os.listdir(root))]
         tasks = [load_task(p) for p in paths if os.path.isdir(p)]
     elif source == "dir":

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from wmrl_jax import agents
+from wmrl_jax.envs import suite
 from wmrl_jax.train import arms, cost
 
 EXECUTORS = ("auto", "docker", "local", "replay")
@@ -68,6 +69,7 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.tasks = ml_collections.ConfigDict()
     config.tasks.source = "builtin"  # "builtin", "dir" or "mle_dojo".
     config.tasks.suite_seed = 0
+    config.tasks.suite = "core"  # The built-in suite: "core" (22 tasks) or "grown" (56).
     config.tasks.path = ""
     config.tasks.views = ""
     config.tasks.split_file = ""
@@ -193,6 +195,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _choice(config, "agent.kind", agents.kinds())
     _choice(config, "anchor_policy", ANCHOR_POLICIES)
     _choice(config, "tasks.source", TASK_SOURCES)
+    _choice(config, "tasks.suite", suite.SUITES)
     _choice(config, "agent.wm_params", WM_PARAMS)
     kind = config.agent.kind
     if kind not in config.agent:
