@@ -8,10 +8,11 @@ room and is run elsewhere when its engine dies mid-run (see `FanOut`).
 Every engine must hold the same sandbox image (same image id: `docker save`
 on one, `docker load` on the others keeps it), so that a result does not
 depend on where it ran; the pool refuses engines that differ. Bind mounts
-name paths on the engine's machine: a remote engine needs the input dirs on
-a filesystem it shares with this one (the same holds for one
+name paths on the engine's machine: a remote engine needs this machine's
+`TMPDIR` (where `DockerExecutor` writes each program's files) and the input
+dirs on a filesystem it shares at the same paths (the same holds for one
 `DockerExecutor`); for machines that share nothing, use `RayExecutor`, which
-ships inputs to each node.
+ships inputs to each node and runs the programs there.
 
 Example:
     >>> pool = EnginePool(["unix:///run/docker.sock", "tcp://10.0.0.7:2376"],  # doctest: +SKIP
