@@ -141,3 +141,53 @@ def test_grad_through_params_pytree():
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree_util.tree_leaves(grads))
     a_log = grads["layers"][1]["linear_attn"]["A_log"][...]
     assert float(jnp.abs(a_log).max()) > 0  # the decay is trained
+
+
+def _text_config(**overrides):
+    raw = models.qwen3_5_text_config_dict(
+        vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=4,
+    )  # fmt: skip
+    raw.update(overrides)
+    return raw
+
+
+def test_config_layer_types_default_and_interval():
+    raw = _text_config()
+    del raw["layer_types"]
+    kinds = models.config_from_dict(raw).layer_types
+    assert kinds == ("linear_attention",) * 3 + ("full_attention",) + kinds[:4]
+    raw["full_attention_interval"] = 2
+    kinds = models.config_from_dict(raw).layer_types
+    assert kinds == ("linear_attention", "full_attention") * 4
+
+
+def test_config_vl_layout_reads_text_config_and_top_level_tie():
+    text = _text_config()
+    raw = {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": True}
+    config = models.config_from_dict(raw)
+    assert config.tie_word_embeddings and config.language_prefix == "model.language_model."
+    assert config.rotary_dim == 2  # 0.25 of head_dim 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(layer_types=["linear_attention"] * 7 + ["sliding_attention"]), "layer_types"),
+        (dict(layer_types=["full_attention"] * 3), "layer_types"),
+        (dict(linear_num_value_heads=3), "linear_num_value_heads"),
+        (dict(num_key_value_heads=3), "num_attention_heads"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), "rope_type"),
+        (dict(attention_bias=True), "attention_bias"),
+        (dict(hidden_act="gelu"), "hidden_act"),
+    ],
+)
+def test_config_errors(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        models.config_from_dict(_text_config(**overrides))
+
+
+def test_config_vl_without_text_config():
+    with pytest.raises(ValueError, match="text_config"):
+        models.config_from_dict({"model_type": "qwen3_5", "vocab_size": 8})

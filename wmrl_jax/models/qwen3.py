@@ -73,7 +73,8 @@ class RMSNorm(nnx.Module):
         return self.weight[...] * x32.astype(x.dtype)
 
 
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+def rotate_half(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary embedding of x [..., D] (halves paired) with cos/sin tables broadcast to it."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated * sin
@@ -133,7 +134,7 @@ class Attention(nnx.Module):
         q = self.q_norm(self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim))
         k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
         out, kv = attend(q, k, v, mask, kv, cache_index)
         return self.o_proj(out), kv
 

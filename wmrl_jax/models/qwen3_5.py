@@ -28,7 +28,7 @@ from wmrl_jax.models.gated_delta import (
     gated_delta_step,
     l2_normalize,
 )
-from wmrl_jax.models.qwen3 import MLP, Linear, _rotate, attend, rope_cos_sin
+from wmrl_jax.models.qwen3 import MLP, Linear, attend, rope_cos_sin, rotate_half
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 
 CHUNK_SIZE = 64
@@ -202,8 +202,8 @@ class GatedAttention(nnx.Module):
         k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         r = c.rotary_dim
-        q = jnp.concatenate([_rotate(q[..., :r], cos, sin), q[..., r:]], axis=-1)
-        k = jnp.concatenate([_rotate(k[..., :r], cos, sin), k[..., r:]], axis=-1)
+        q = jnp.concatenate([rotate_half(q[..., :r], cos, sin), q[..., r:]], axis=-1)
+        k = jnp.concatenate([rotate_half(k[..., :r], cos, sin), k[..., r:]], axis=-1)
         out, (k, v) = attend(q, k, v, mask, cache, cache_index)
         return self.o_proj(out * jax.nn.sigmoid(gate)), AttentionCache(k, v)
 
