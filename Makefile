@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.forward --json outputs/bench/forward.json
 	$(PY) -m benchmarks.sampler --json outputs/bench/sampler.json
 	$(PY) -m benchmarks.train_step --preset tiny --json outputs/bench/train_step.json
+	$(PY) -m benchmarks.scaleout --json outputs/bench/scaleout.json
 
 # Rebuilds the committed tiny checkpoints and their reference outputs (needs
 # `pip install torch==2.13.0`; tests themselves never need torch).

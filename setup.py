@@ -45,5 +45,7 @@ setuptools.setup(
     extras_require={
         "cuda12": ["jax[cuda12]>=0.5"],
         "dev": _DEV,
+        # Executions over a Ray cluster (`wmrl_jax.sandbox.ray_executor`).
+        "ray": ["ray[default]>=2.40"],
     },
 )

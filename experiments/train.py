@@ -13,10 +13,17 @@ script: ``python path/to/experiments/train.py --config=path/to/config.py``.
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from wmrl_jax.envs.grading import TaskError
+from wmrl_jax.envs.task import ManifestError
+from wmrl_jax.sandbox.files import InputError
 from wmrl_jax.train import loop, summary
+from wmrl_jax.train.checkpoint import CheckpointError
+from wmrl_jax.train.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/tiny_cpu.py", "Training config.", lock_config=True
@@ -30,11 +37,19 @@ def quiet_libraries() -> None:
         logging.set_verbosity(logging.WARNING)
 
 
+# What a user can fix (a config, a task directory, a damaged workdir): one line, exit 1.
+USER_ERRORS = (ConfigError, ManifestError, TaskError, InputError, CheckpointError)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     quiet_libraries()
-    result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
+    try:
+        result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
+    except USER_ERRORS as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
     print(summary.write_run_report(result, _WORKDIR.value))
     logging.info("Wrote %s", _WORKDIR.value)
 

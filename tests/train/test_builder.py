@@ -72,3 +72,20 @@ def test_mle_dojo_source_needs_held_out_tasks(tmp_path):
     config = _dojo_config(tmp_path, split={"train": ["comp-a", "comp-b", "comp-c"], "held-out": []})
     with pytest.raises(ConfigError, match="no held-out tasks"):
         builder.load_tasks(config)
+
+
+def test_workdir_must_be_a_writable_directory(tmp_path):
+    builder.check_workdir(str(tmp_path / "new" / "dir"))  # created
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for bad in (afile, afile / "below"):
+        with pytest.raises(ConfigError, match="is not a writable directory"):
+            builder.check_workdir(str(bad))
+
+
+def test_a_task_that_cannot_be_graded_fails_at_start(tmp_path):
+    config = _dojo_config(tmp_path)
+    sets = builder.load_tasks(config)
+    os.remove(os.path.join(os.path.dirname(sets.heldout[0].public_dir), "private", "answers.csv"))
+    with pytest.raises(ConfigError, match="cannot be graded"):
+        builder.load_tasks(config)

@@ -56,6 +56,11 @@ def load_tasks(config: ml_collections.ConfigDict) -> TaskSets:
             config.tasks.split_file,
             config.tasks.metrics_file,
         )
+    for t in tasks:  # A broken grader side fails here, in one line, not mid-run.
+        try:
+            grading.check_task(t)
+        except grading.TaskError as e:
+            raise ConfigError(f"task {t.id!r} cannot be graded: {e}") from e
     sets = TaskSets(
         train=_split(tasks, "train"),
         heldout=_split(tasks, "held-out"),
@@ -153,16 +158,67 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
             executor = sandbox.DockerExecutor(config.executor.image or None, **kwargs)
         except sandbox.InfraError as e:
             raise ConfigError(f"config.executor.kind='docker' but: {e}") from e
+    elif kind in ("ray", "engines"):
+        executor = _fanout_executor(config.executor, kwargs)
     elif kind == "local":
         executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
     else:  # "auto"; the local backend warns that it does not isolate.
         executor = sandbox.make_executor(
             config.executor.image or None, python=sys.executable, **kwargs
         )
+    if kind in ("ray", "engines"):
+        environment = kind
+    else:
+        environment = "local" if isinstance(executor, sandbox.LocalExecutor) else "docker"
     return (
         outcomes_lib.SandboxOutcomes(executor, floors=floors, timeout_s=kwargs["timeout_s"]),
-        "local" if isinstance(executor, sandbox.LocalExecutor) else "docker",
+        environment,
     )
+
+
+def check_workdir(path: str) -> None:
+    """Creates `path` if needed and checks that files can be written there.
+
+    Raises:
+      ConfigError: it is a file, or not writable (read-only, no permission).
+    """
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--workdir {path!r} is not a writable directory: {e.strerror}") from e
+
+
+def _fanout_executor(c: ml_collections.ConfigDict, kwargs: dict):
+    """Executions fanned out over a Ray cluster's nodes or several Docker engines."""
+    import functools
+
+    from wmrl_jax import sandbox
+    from wmrl_jax.sandbox.remote import EnginePool, engines_from_env
+
+    fan = dict(max_retries=c.infra_retries, deadline_s=c.deadline_s or None)
+    try:
+        if c.kind == "ray":
+            from wmrl_jax.sandbox.ray_executor import RayExecutor
+
+            make = functools.partial(
+                sandbox.DockerExecutor, c.image or None, timeout_s=kwargs["timeout_s"]
+            )
+            return RayExecutor(
+                c.ray_address or None, slots_per_node=c.workers, make_executor=make,
+                node_resource=c.ray_node_resource or None, **fan,
+            )  # fmt: skip
+        urls = [u.strip() for u in c.engines.split(",") if u.strip()] or engines_from_env()
+        if not urls:
+            raise ConfigError("config.executor.engines (or WMRL_DOCKER_ENGINES) names no engine")
+        return EnginePool(
+            urls, c.image or None, slots=c.workers, timeout_s=kwargs["timeout_s"], **fan
+        )
+    except sandbox.InfraError as e:
+        raise ConfigError(f"config.executor.kind={c.kind!r} but: {e}") from e
 
 
 def load_table(config: ml_collections.ConfigDict):

@@ -23,9 +23,9 @@ import ml_collections
 
 from wmrl_jax import agents
 from wmrl_jax.envs import suite
-from wmrl_jax.train import arms, cost
+from wmrl_jax.train import arms, cost, distributed
 
-EXECUTORS = ("auto", "docker", "local", "replay")
+EXECUTORS = ("auto", "docker", "local", "replay", "ray", "engines")
 ANCHOR_POLICIES = ("random", "uncertain")
 ON_INFRA_ERROR = ("wm_only", "raise")
 TASK_SOURCES = ("builtin", "dir", "mle_dojo")
@@ -83,12 +83,20 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.agent[agent_kind] = agents.default_config(agent_kind)
 
     config.executor = ml_collections.ConfigDict()
-    config.executor.kind = "auto"  # Docker when an engine answers, else local; or "replay".
+    # "auto": Docker when an engine answers, else local; "replay": the recipe table;
+    # "ray": a Ray cluster of Docker nodes; "engines": several Docker engines.
+    config.executor.kind = "auto"
     config.executor.image = ""
     config.executor.workers = 2
     config.executor.timeout_s = 120.0
     config.executor.infra_retries = 2
     config.executor.on_infra_error = "wm_only"  # or "raise".
+    # "ray" and "engines": a program not back after deadline_s seconds is an
+    # infrastructure error (0: no deadline); workers = programs per node / engine.
+    config.executor.deadline_s = 0.0
+    config.executor.ray_address = ""  # "" = RAY_ADDRESS, else a cluster on this machine.
+    config.executor.ray_node_resource = ""  # Only nodes declaring it run sandboxes.
+    config.executor.engines = ""  # Comma-separated engine URLs; "" = WMRL_DOCKER_ENGINES.
     config.executor.table = ""  # Recipe table answering "replay"; "" = the committed one.
     # Answer a repeat of an already executed (task, program) from the run's cache, free.
     config.executor.cache = True
@@ -136,6 +144,10 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.mesh.data = 1
     config.mesh.fsdp = 1
     config.mesh.tensor = 1
+
+    # Multi-host layout (`wmrl_jax.train.distributed`); empty fields come from the
+    # environment (WMRL_*, a Kubernetes Indexed Job, SLURM), else one process.
+    config.distributed = distributed.default_config()
 
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every = 10
@@ -211,6 +223,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.group_size must be >= 2 for group advantages, got {config.group_size}"
         )
+    _at_least(config, "executor.deadline_s", 0.0)
     if not config.executor.timeout_s > 0:
         raise ConfigError(f"config.executor.timeout_s must be > 0, got {config.executor.timeout_s}")
     if not config.correction.real_var_prior > 0:

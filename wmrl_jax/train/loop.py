@@ -35,10 +35,10 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.train import arms, builder, cost, stages
+from wmrl_jax.train import arms, builder, cost, distributed, stages
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
-from wmrl_jax.train.config import validate_config
+from wmrl_jax.train.config import ConfigError, validate_config
 from wmrl_jax.train.console import Console
 from wmrl_jax.train.evaluation import evaluate
 from wmrl_jax.train.execution import Runner
@@ -95,11 +95,12 @@ class Trainer:
         console: bool = False,
     ):
         validate_config(config)
+        _single_host(config)
         self.config, self.workdir = config, workdir
         self.arm = arms.get(config.arm)
         self.hooks = tuple(hooks)
         self.console = Console(enabled=console)
-        os.makedirs(workdir, exist_ok=True)
+        builder.check_workdir(workdir)
         self.tasks = builder.load_tasks(config)
         self.key, model_key = jax.random.split(jax.random.key(config.seed))
         self.built = prebuilt or builder.build_agent(config, self.tasks, model_key)
@@ -401,6 +402,21 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.source.close()
+
+
+def _single_host(config: ml_collections.ConfigDict) -> None:
+    """Refuses a multi-process layout: the loop does not yet execute anchors and write
+    files on process 0 only, so N processes would be N runs fighting over one workdir."""
+    try:
+        spec = distributed.resolve(config.distributed)
+    except ValueError as e:
+        raise ConfigError(f"config.distributed: {e}") from e
+    if spec.num_processes > 1:
+        raise ConfigError(
+            f"this is process {spec.process_id} of {spec.num_processes} (from {spec.source}): "
+            "the trainer runs on one host so far; launch a single process "
+            "(the multi-host pieces are in wmrl_jax.train.distributed)"
+        )
 
 
 class EvalSchedule:
