@@ -184,3 +184,24 @@ def test_output_walk_is_bounded_in_entries(fast_tmp):
 def test_output_that_is_a_fifo_is_not_opened(tmp_path):
     os.mkfifo(tmp_path / "output")
     assert _read(tmp_path) == ({}, ["output/ (a link or not a directory)"])
+
+
+def test_ray_inputs_are_packed_by_the_same_rules(tmp_path):
+    import io
+    import tarfile
+
+    from wmrl_jax.sandbox.ray_executor import pack_dir
+
+    root = tmp_path / "public"
+    (root / "sub").mkdir(parents=True)
+    (root / "train.csv").write_text("a\n1\n")
+    (root / "sub" / "alias.csv").symlink_to(root / "train.csv")  # inside: a plain copy
+    with tarfile.open(fileobj=io.BytesIO(pack_dir(root))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {"train.csv", "sub/alias.csv"}
+        assert all(m.isfile() for m in members.values())
+        assert tar.extractfile("sub/alias.csv").read() == b"a\n1\n"
+    (tmp_path / "secret.csv").write_text("answers")
+    (root / "leak.csv").symlink_to(tmp_path / "secret.csv")  # leaves the input dir
+    with pytest.raises(InputError, match="leak.csv"):
+        pack_dir(root)

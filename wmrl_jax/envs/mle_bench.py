@@ -44,7 +44,6 @@ Example:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import importlib
 import importlib.util
@@ -62,6 +61,7 @@ from wmrl_jax.envs.mle_dojo import (
     PrivateMountError,
     check_mount,
     check_numeric_column,
+    csv_header,
     sandbox_mounts,
     write_view,
 )
@@ -208,14 +208,6 @@ def _require(mapping: Any, dotted: str) -> Any:
     return value
 
 
-def _header(path: str) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        row = next(csv.reader(f), None)
-    if not row:
-        raise CompetitionError(f"{os.path.basename(path)} is empty")
-    return row
-
-
 def load_competition(
     spec_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
 ) -> Competition:
@@ -258,7 +250,7 @@ def load_competition(
             raise CompetitionError(
                 f"competition {comp_id!r}: dataset.{field} is not under {inside!r}"
             )
-    if "score" not in _header(files["leaderboard.csv"]):
+    if "score" not in csv_header(files["leaderboard.csv"]):
         raise CompetitionError(f"competition {comp_id!r}: leaderboard.csv has no 'score' column")
     try:
         board = grading.read_leaderboard(files["leaderboard.csv"])
@@ -378,8 +370,8 @@ def make_task(
             f"competition {competition.id!r}: metric direction {metric.get('direction')!r} "
             f"contradicts the leaderboard, which is {direction}-is-better"
         )
-    id_column, *targets = _header(competition.sample_submission_path)
-    answers_header = _header(competition.answers_path)
+    id_column, *targets = csv_header(competition.sample_submission_path)
+    answers_header = csv_header(competition.answers_path)
     if answer_column is None:
         if len(targets) != 1:
             raise CompetitionError(

@@ -94,11 +94,16 @@ class Competition:
         return os.path.join(self.data_dir, "private")
 
 
-def _header(path: str) -> list[str]:
+def csv_header(path: str) -> list[str]:
+    """The first row of a CSV file (a byte-order mark dropped).
+
+    Raises:
+        CompetitionError: the file is empty.
+    """
     with open(path, newline="", encoding="utf-8-sig") as f:
         row = next(csv.reader(f), None)
     if not row:
-        raise CompetitionError(f"{path!r} is empty")
+        raise CompetitionError(f"{os.path.basename(path)} is empty")
     return row
 
 
@@ -132,11 +137,11 @@ def load_competition(path: str | os.PathLike[str]) -> Competition:
     if not boards:
         raise CompetitionError(f"competition {name!r} has no leaderboard in data/private/")
     for board, board_path in boards.items():
-        if "score" not in _header(board_path):
+        if "score" not in csv_header(board_path):
             raise CompetitionError(
                 f"competition {name!r}: {board} leaderboard has no 'score' column"
             )
-    columns = tuple(_header(os.path.join(private, ANSWERS_FILE)))
+    columns = tuple(csv_header(os.path.join(private, ANSWERS_FILE)))
     if len(columns) < 2:
         raise CompetitionError(f"competition {name!r}: {ANSWERS_FILE} needs an id and a target")
     return Competition(

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable
 
 from wmrl_jax.sandbox.fanout import FanOut, WorkerLost
+from wmrl_jax.sandbox.files import input_files
 from wmrl_jax.sandbox.pool import input_digest
 from wmrl_jax.sandbox.result import ExecutionResult, Executor, InfraError, check_input_dir
 
@@ -51,15 +52,15 @@ def default_executor_factory() -> Executor:
 
 
 def pack_dir(root: str | os.PathLike) -> bytes:
-    """An uncompressed tar of the regular files and directories under `root`."""
+    """An uncompressed tar of the input files under `root`, links copied as plain files.
+
+    The same rules as every executor's input (`sandbox.files.input_files`): a link
+    must resolve to a regular file inside `root`; anything else raises `InputError`.
+    """
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                if os.path.isfile(path) and not os.path.islink(path):
-                    tar.add(path, arcname=os.path.relpath(path, root), recursive=False)
+    with tarfile.open(fileobj=buf, mode="w", dereference=True) as tar:
+        for rel, real in input_files(root):
+            tar.add(real, arcname=rel, recursive=False)
     return buf.getvalue()
 
 
