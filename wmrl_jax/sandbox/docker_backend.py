@@ -175,6 +175,66 @@ def _untar_outputs(chunks, max_bytes: int) -> tuple[dict[str, bytes], list[str]]
     return files, dropped
 
 
+_ENV = {
+    "HOME": WORK_DIR,
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "WMRL_INPUT_DIR": f"{WORK_DIR}/{INPUT_NAME}",
+    "WMRL_OUTPUT_DIR": f"{WORK_DIR}/{OUTPUT_NAME}",
+}
+
+
+class _Stream:
+    """Reads an exec's demultiplexed output into two tail buffers on a daemon thread."""
+
+    def __init__(self, api, exec_id: str, tail_bytes: int):
+        self.out, self.err = TailBuffer(tail_bytes), TailBuffer(tail_bytes)
+        self.failure: list[BaseException] = []
+        self.reader = threading.Thread(target=self._consume, args=(api, exec_id), daemon=True)
+        self.reader.start()
+
+    def _consume(self, api, exec_id: str) -> None:
+        try:
+            for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
+                if chunk_out:
+                    self.out.write(chunk_out)
+                if chunk_err:
+                    self.err.write(chunk_err)
+        except Exception as e:  # a killed container ends the stream abruptly
+            self.failure.append(e)
+
+
+def _wait_exec(api, exec_id: str, reader: threading.Thread, deadline: float) -> bool:
+    """Waits for the exec to stop running; False when `deadline` (monotonic) passed first.
+
+    The stream can end before the process (closed stdout) or outlive it (a child
+    holding the pipe): the exec's state decides.
+    """
+    interval = 0.005
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        reader.join(min(remaining, interval))
+        interval = min(2 * interval, 0.1)
+        if not api.exec_inspect(exec_id)["Running"]:
+            return True
+
+
+def _exit_status(code: int | None, *, timed_out: bool, oom: bool) -> str:
+    """The result status from the exit code (negative: killed by that signal)."""
+    if timed_out:
+        return "timeout"
+    if code == 0:
+        return "ok"
+    if oom:
+        return "oom"
+    if code is not None and code < 0:
+        return "killed"
+    return "error"
+
+
 class DockerExecutor(BaseExecutor):
     """Runs each program in its own locked-down container (see the module docstring).
 
@@ -324,56 +384,20 @@ class DockerExecutor(BaseExecutor):
         import docker
 
         api = self.client.api
-        env = {
-            "HOME": WORK_DIR,
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "WMRL_INPUT_DIR": f"{WORK_DIR}/{INPUT_NAME}",
-            "WMRL_OUTPUT_DIR": f"{WORK_DIR}/{OUTPUT_NAME}",
-        }
         exec_id = api.exec_create(
-            container.id,
-            ["/bin/sh", "-c", COMMAND],
-            user=f"{USER}:{USER}",
-            workdir=WORK_DIR,
-            environment=env,
-        )["Id"]
-        out, err = TailBuffer(self.limits.tail_bytes), TailBuffer(self.limits.tail_bytes)
-        failure: list[BaseException] = []
-
-        def consume():
-            try:
-                for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
-                    if chunk_out:
-                        out.write(chunk_out)
-                    if chunk_err:
-                        err.write(chunk_err)
-            except Exception as e:  # a killed container ends the stream abruptly
-                failure.append(e)
-
-        reader = threading.Thread(target=consume, daemon=True)
-        reader.start()
-        timed_out, interval = False, 0.005
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            reader.join(min(remaining, interval))
-            interval = min(2 * interval, 0.1)
-            # The stream can end before the process (closed stdout) or outlive it
-            # (a child holding the pipe): the exec's state decides.
-            if not api.exec_inspect(exec_id)["Running"]:
-                break
+            container.id, ["/bin/sh", "-c", COMMAND], user=f"{USER}:{USER}", workdir=WORK_DIR,
+            environment=_ENV,
+        )["Id"]  # fmt: skip
+        stream = _Stream(api, exec_id, self.limits.tail_bytes)
+        timed_out = not _wait_exec(api, exec_id, stream.reader, deadline)
         stranded = False
         if not timed_out:  # the wrapper killed what the program left: the stream ends
-            reader.join(max(STREAM_GRACE_S, deadline - time.monotonic()))
+            stream.reader.join(max(STREAM_GRACE_S, deadline - time.monotonic()))
             # Unless the wrapper itself died first (the program killed it, or the
             # OOM killer picked it in a fork bomb): processes it left hold the stream.
-            stranded = reader.is_alive()
-            if failure and not stranded:
-                raise RuntimeError(f"lost the program's output stream ({failure[0]!r})")
+            stranded = stream.reader.is_alive()
+            if stream.failure and not stranded:
+                raise RuntimeError(f"lost the program's output stream ({stream.failure[0]!r})")
         if timed_out or stranded:
             try:
                 container.kill()
@@ -389,50 +413,47 @@ class DockerExecutor(BaseExecutor):
         cpu, peak, oom_kills = _cgroup_stats(container.id)
         files, dropped = {}, []
         if not (timed_out or stranded):
-            # The engine's archive API does not see tmpfs mounts; tar inside does.
-            tar_id = api.exec_create(
-                container.id,
-                ["tar", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
-                user=f"{USER}:{USER}",
-                stderr=False,
-            )["Id"]
-            chunks = (o for o, _ in api.exec_start(tar_id, stream=True, demux=True) if o)
-            files, dropped = _untar_outputs(chunks, self.limits.output_bytes)
-        if reader.is_alive():
-            reader.join(5.0)
+            files, dropped = self._collect_outputs(container)
+        if stream.reader.is_alive():
+            stream.reader.join(5.0)
         code = info.get("ExitCode")
         if code is not None and code > 128:  # killed by signal (code - 128)
             code = 128 - code
-        if timed_out:
-            status = "timeout"
-        elif code == 0:
-            status = "ok"
-        elif oom_kills or (code == -9 and self._oom(container)):
-            status = "oom"
-        elif code is not None and code < 0:
-            status = "killed"
-        else:
-            status = "error"
+        oom = bool(oom_kills) or (code == -9 and self._oom(container))
+        message = (
+            "the program's wrapper died and left processes running; the container was"
+            " stopped and output files were not collected"
+            if stranded
+            else f"output files left out: {', '.join(dropped)}"
+            if dropped
+            else ""
+        )
         return ExecutionResult(
-            status=status,
+            status=_exit_status(code, timed_out=timed_out, oom=oom),
             exit_code=code,
             wall_seconds=time.monotonic() - start,
             cpu_seconds=cpu,
             peak_memory_bytes=peak,
-            stdout=out.text(),
-            stderr=err.text(),
-            stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated,
+            stdout=stream.out.text(),
+            stderr=stream.err.text(),
+            stdout_truncated=stream.out.truncated,
+            stderr_truncated=stream.err.truncated,
             files=files,
-            message=(
-                "the program's wrapper died and left processes running; the container was"
-                " stopped and output files were not collected"
-                if stranded
-                else f"output files left out: {', '.join(dropped)}"
-                if dropped
-                else ""
-            ),
+            message=message,
         )
+
+    def _collect_outputs(self, container) -> tuple[dict[str, bytes], list[str]]:
+        """The program's output files, through tar inside the container (the engine's
+        archive API does not see tmpfs mounts)."""
+        api = self.client.api
+        tar_id = api.exec_create(
+            container.id,
+            ["tar", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
+            user=f"{USER}:{USER}",
+            stderr=False,
+        )["Id"]
+        chunks = (o for o, _ in api.exec_start(tar_id, stream=True, demux=True) if o)
+        return _untar_outputs(chunks, self.limits.output_bytes)
 
     @staticmethod
     def _oom(container) -> bool:

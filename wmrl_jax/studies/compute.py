@@ -46,7 +46,7 @@ def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
         if rho != config.anchor_fraction:
             runs.append((f"wmrl_rho{rho:g}", {"arm": "wmrl", "anchor_fraction": rho}))
     for warm in s.warm_sweep:
-        if warm != config.warm_start.steps:
+        if warm != config.agent.recipe.warm_start.steps:
             for arm in s.warm_sweep_arms:
                 runs.append(
                     (f"{arm}_warm{warm}", {"arm": arm, "agent.recipe.warm_start.steps": warm})

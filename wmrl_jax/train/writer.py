@@ -97,9 +97,10 @@ def _read_entries(path: str) -> list[dict]:
 class MetricWriter:
     """Writes per-step scalars to JSONL and TensorBoard.
 
-    A NaN value (an undefined diagnostic, e.g. a variance of one sample) is
-    written to JSONL as null and left out of TensorBoard, whose plots would
-    show it as a spike or a gap with a warning.
+    A non-finite value (an undefined diagnostic, e.g. a variance of one sample
+    or before the first anchors) is written to JSONL (NaN as null, infinities as
+    strings) and left out of TensorBoard, whose plots would show it as a spike
+    or a gap with a warning.
 
     Args:
         workdir: run directory (created).
@@ -185,8 +186,8 @@ class MetricWriter:
             self._jsonl.flush()
         if self._tb is not None:
             for name, value in encoded.items():
-                if value is not None:  # NaN: undefined, not plotted.
-                    self._tb.add_scalar(name, float(_decode(value)), global_step=step)
+                if isinstance(value, int | float):  # NaN / inf: undefined, not plotted.
+                    self._tb.add_scalar(name, float(value), global_step=step)
             self._tb.flush()
         self._last_step = step
 
