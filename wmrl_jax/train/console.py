@@ -1,6 +1,7 @@
 """A console a person can read: one line per step, one per evaluation, with an ETA.
 
-    step  12/40  reward +0.214  exec   14 ( 2.1 min compute)  kl 0.0003  ETA 1 min 10 s
+    setup  tasks: built-in suite (built once per version, a few minutes)
+    step  12/40  reward +0.214  exec    14 (2.1 min compute)  kl 0.0003  ETA 70 s
     eval  20/40  held-out percentile 0.431 (valid 1.00)
 
 Lines go to stdout, flushed, so a log file or a notebook shows them as they
@@ -51,6 +52,10 @@ class Console:
     def _print(self, line: str) -> None:
         if self.enabled:
             print(line, file=self.stream or sys.stdout, flush=True)
+
+    def note(self, text: str) -> None:
+        """A setup line (what the run is doing before its first step)."""
+        self._print(f"setup  {text}")
 
     def start(self, start_step: int, total: int, *, arm: str, environment: str) -> None:
         """Announces the run (or its resumption) and starts the ETA clock."""

@@ -101,11 +101,16 @@ class Trainer:
         self.hooks = tuple(hooks)
         self.console = Console(enabled=console)
         builder.check_workdir(workdir)
+        if config.tasks.source == "builtin":
+            self.console.note("tasks: the built-in suite (built once per version, a few minutes)")
         self.tasks = builder.load_tasks(config)
         self.key, model_key = jax.random.split(jax.random.key(config.seed))
+        if prebuilt is None:
+            self.console.note(f"agent: {config.agent.kind} (with its warm start, if any)")
         self.built = prebuilt or builder.build_agent(config, self.tasks, model_key)
         self.agent = self.built.agent
         if outcomes is None:
+            self.console.note(f"outcomes: executor {config.executor.kind}")
             outcomes, self.environment = builder.make_outcomes(config)
         else:
             self.environment = type(outcomes).__name__
