@@ -4,12 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run study controlled test lint bench engine sandbox-image fixtures clean
+.PHONY: install run study controlled embodied test lint bench engine sandbox-image fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,ray]"
+	$(PY) -m pip install --quiet -e ".[dev,ray,embodied]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -22,6 +22,9 @@ study: $(STAMP)
 
 controlled: $(STAMP)
 	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled
+
+embodied: $(STAMP)
+	$(PY) -m experiments.study_embodied --config=experiments/configs/embodied.py --workdir=outputs/embodied --readme=README.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

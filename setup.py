@@ -47,5 +47,7 @@ setuptools.setup(
         "dev": _DEV,
         # Executions over a Ray cluster (`wmrl_jax.sandbox.ray_executor`).
         "ray": ["ray[default]>=2.40"],
+        # WMRL for control policies on MuJoCo tasks (`wmrl_jax.embodied`).
+        "embodied": ["gymnasium[mujoco]>=1.0"],
     },
 )

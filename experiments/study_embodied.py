@@ -21,6 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from wmrl_jax.embodied import report, study
+from wmrl_jax.studies.report import replace_between_markers
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/embodied.py", "Study config.", lock_config=True
@@ -83,7 +84,7 @@ def render(workdir: str, readme: str | None = None) -> dict:
         with open(readme) as f:
             text = f.read()
         with open(readme, "w") as f:
-            f.write(report.replace_section(text, body))
+            f.write(replace_between_markers(text, report.MARKER, body))
     return analysis
 
 

@@ -82,15 +82,6 @@ def test_flat_real_is_not_measurable():
     assert "not measurable" in report.headline(a)
 
 
-def test_replace_section():
-    text = "head\n<!-- embodied:begin -->\nold\n<!-- embodied:end -->\ntail\n"
-    assert report.replace_section(text, "new") == (
-        "head\n<!-- embodied:begin -->\nnew\n<!-- embodied:end -->\ntail\n"
-    )
-    with pytest.raises(ValueError, match="no <!-- embodied:begin -->"):
-        report.replace_section("no markers", "new")
-
-
 def test_study_command_end_to_end(tmp_path, monkeypatch):
     pytest.importorskip("gymnasium")
     from experiments import study_embodied

@@ -2,18 +2,15 @@
 
 Everything here is a function of `wmrl_jax.embodied.study.analyse`'s output,
 so the README never carries hand-typed numbers: the section between
-``<!-- embodied:begin -->`` and ``<!-- embodied:end -->`` is replaced whole.
-
-Example:
-  >>> replace_section("a\\n<!-- embodied:begin -->\\nold\\n<!-- embodied:end -->\\nb", "new")
-  'a\\n<!-- embodied:begin -->\\nnew\\n<!-- embodied:end -->\\nb'
+``<!-- embodied:begin -->`` and ``<!-- embodied:end -->`` is replaced whole
+(`wmrl_jax.studies.report.replace_between_markers(text, "embodied", body)`).
 """
 
 from __future__ import annotations
 
 import math
 
-BEGIN, END = "<!-- embodied:begin -->", "<!-- embodied:end -->"
+MARKER = "embodied"  # The README section: <!-- embodied:begin --> ... <!-- embodied:end -->
 
 
 def _fmt_ratio(a: dict, key: str) -> str:
@@ -93,14 +90,14 @@ def headline(analysis: dict) -> str:
     return " ".join(parts)
 
 
-def plot(analysis: dict, path: str) -> None:
-    """Success rate vs simulator steps, mean ± s.e. over seeds, one panel per task."""
-    import matplotlib
+def plot(analysis: dict, path: str):
+    """Success rate vs simulator steps, mean ± s.e. over seeds, one panel per task; writes
+    `path` and returns the figure."""
+    # A bare Figure: no pyplot state and no backend switch (notebooks keep theirs).
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(analysis), figsize=(5.5 * len(analysis), 4), squeeze=False)
+    fig = Figure(figsize=(5.5 * len(analysis), 4))
+    axes = fig.subplots(1, len(analysis), squeeze=False)
     for ax, (task, arms) in zip(axes[0], analysis.items(), strict=True):
         for arm, a in arms.items():
             x = [s / 1000 for s in a["steps"]]
@@ -112,12 +109,4 @@ def plot(analysis: dict, path: str) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def replace_section(text: str, body: str) -> str:
-    """Replaces the text between the embodied markers; raises if they are missing."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"the README has no {BEGIN} ... {END} section")
-    return text[: start + len(BEGIN)] + "\n" + body + "\n" + text[end:]
+    return fig
