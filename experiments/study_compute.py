@@ -21,6 +21,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from wmrl_jax.readme import write_section
 from wmrl_jax.studies import compute as study
 from wmrl_jax.studies import report
 
@@ -140,10 +141,7 @@ def render(workdir: str, readme: str | None = None) -> None:
             f"![compute study]({_ASSETS}/study_compute.png)",
         ]
     )
-    with open(readme) as f:
-        text = f.read()
-    with open(readme, "w") as f:
-        f.write(report.replace_between_markers(text, "study", body))
+    write_section(readme, "study", body)
 
 
 def main(argv):

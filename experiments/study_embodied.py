@@ -21,7 +21,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from wmrl_jax.embodied import report, study
-from wmrl_jax.studies.report import replace_between_markers
+from wmrl_jax.readme import write_section
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/embodied.py", "Study config.", lock_config=True
@@ -81,10 +81,7 @@ def render(workdir: str, readme: str | None = None) -> dict:
             f"{cpu_text}). {report.headline(analysis)}\n\n"
             f"{table}\n\n![embodied study](docs/embodied.png)"
         )
-        with open(readme) as f:
-            text = f.read()
-        with open(readme, "w") as f:
-            f.write(replace_between_markers(text, report.MARKER, body))
+        write_section(readme, report.MARKER, body)
     return analysis
 
 

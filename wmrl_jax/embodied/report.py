@@ -3,7 +3,7 @@
 Everything here is a function of `wmrl_jax.embodied.study.analyse`'s output,
 so the README never carries hand-typed numbers: the section between
 ``<!-- embodied:begin -->`` and ``<!-- embodied:end -->`` is replaced whole
-(`wmrl_jax.studies.report.replace_between_markers(text, "embodied", body)`).
+(`wmrl_jax.readme.write_section(path, MARKER, body)`).
 """
 
 from __future__ import annotations

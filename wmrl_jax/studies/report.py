@@ -1,4 +1,4 @@
-"""Writing a study's results: markdown tables, plots and the README section."""
+"""Writing a study's results: markdown tables and plots (README sections: `wmrl_jax.readme`)."""
 
 from __future__ import annotations
 
@@ -200,13 +200,3 @@ def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return fig
-
-
-def replace_between_markers(text: str, name: str, body: str) -> str:
-    """Replaces the text between `<!-- name:begin -->` and `<!-- name:end -->`."""
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    if begin not in text or end not in text:
-        raise ValueError(f"markers {begin} / {end} not found")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{begin}\n{body}\n{end}{tail}"
