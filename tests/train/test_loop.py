@@ -50,9 +50,7 @@ def _replay(config):
 def _strip(history):
     """Metrics that must agree between runs: everything but measured seconds (NaN as None,
     so that an undefined diagnostic compares equal to itself)."""
-    return [
-        {k: None if v != v else v for k, v in h.items() if "seconds" not in k} for h in history
-    ]
+    return [{k: None if v != v else v for k, v in h.items() if "seconds" not in k} for h in history]
 
 
 @pytest.mark.parametrize("arm", ["real", "anchors_only", "wm_naive", "wm_debias", "wmrl"])
