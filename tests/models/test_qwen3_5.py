@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.models.conftest import QWEN3_5_NAMES, fixture_path, load, reference
 from tests.models.test_hf_io import _tensors
@@ -191,3 +192,18 @@ def test_config_errors(overrides, match):
 def test_config_vl_without_text_config():
     with pytest.raises(ValueError, match="text_config"):
         models.config_from_dict({"model_type": "qwen3_5", "vocab_size": 8})
+
+
+def test_policy_rebuilt_from_params_keeps_the_vision_tower(tmp_path):
+    """A trainer saves `from_params(..., source_dir=...)` (no layout): still complete."""
+    model = load(VL)
+    rebuilt = models.from_params(
+        model.config,
+        nnx.to_pure_dict(model.params),
+        raw_config=model.raw_config,
+        source_dir=fixture_path(VL),
+    )
+    rebuilt.save_pretrained(tmp_path)
+    saved, source = _tensors(tmp_path), _tensors(fixture_path(VL))
+    assert set(saved) == set(source)
+    assert all(saved[n][2] == source[n][2] for n in source if n.startswith(("model.visual", "mtp")))

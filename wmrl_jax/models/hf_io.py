@@ -254,13 +254,16 @@ def save_checkpoint(
     os.makedirs(path, exist_ok=True)
     by_file: dict[str, dict[str, np.ndarray]] = {}
     mapping = tensor_map(config)
-    if layout is not None and source_dir is not None and isinstance(config, Qwen3_5Config):
+    if source_dir is not None and isinstance(config, Qwen3_5Config):
+        # Without a layout (a policy rebuilt from params), the source still has them.
+        files = layout.files if layout is not None else _open_checkpoint(source_dir)[1].files
         skipped = qwen3_5_io.SKIPPED_PREFIXES
-        carried = sorted(n for n in set(layout.files) - set(mapping) if n.startswith(skipped))
+        carried = sorted(n for n in set(files) - set(mapping) if n.startswith(skipped))
         if carried:
             source, _ = _open_checkpoint(source_dir)
             for name in carried:  # copied out of the memory map: path may be source_dir
-                by_file.setdefault(layout.files[name], {})[name] = np.array(source[name])
+                file = files[name] if layout is not None else SINGLE_FILE
+                by_file.setdefault(file, {})[name] = np.array(source[name])
     for name, (p, transpose) in mapping.items():
         value = np.asarray(jax.device_get(_get(params, p)))
         if transpose:
