@@ -35,7 +35,7 @@ setuptools.setup(
         "scikit-learn>=1.4",  # the built-in task suite and its reference solutions
         "ml_collections>=1.0",
         "absl-py>=2.1",
-        "transformers>=4.50",
+        "transformers>=5.24",  # qwen3_5 (Qwen3.5) support
         "jinja2>=3.1",  # chat templates (transformers does not require it)
         "docker>=7.1",
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
