@@ -83,9 +83,14 @@ def test_workdir_must_be_a_writable_directory(tmp_path):
             builder.check_workdir(str(bad))
 
 
-def test_a_task_that_cannot_be_graded_fails_at_start(tmp_path):
+def test_a_task_that_cannot_be_graded_fails_at_start(tmp_path, monkeypatch):
     config = _dojo_config(tmp_path)
-    sets = builder.load_tasks(config)
-    os.remove(os.path.join(os.path.dirname(sets.heldout[0].public_dir), "private", "answers.csv"))
-    with pytest.raises(ConfigError, match="cannot be graded"):
+    builder.load_tasks(config)  # every task's grader side reads
+
+    def broken(task):
+        if task.id == "comp-c":
+            raise grading.TaskError("answers.csv is missing")
+
+    monkeypatch.setattr(grading, "check_task", broken)
+    with pytest.raises(ConfigError, match="task 'comp-c' cannot be graded: answers.csv"):
         builder.load_tasks(config)

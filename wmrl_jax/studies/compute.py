@@ -221,9 +221,10 @@ def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "rea
                 "heldout_target_above_start": above_start,
             }
         )
-        ledgers = [s["ledger"] for s in summaries]
-        row["unique_executions"] = float(np.mean([led["executions"] for led in ledgers]))
-        row["cached_executions"] = float(np.mean([led.get("cached", 0.0) for led in ledgers]))
+        # Charged executions are unique ones: the run's cache answers repeats (`cached`).
+        row["unique_executions"] = row["executions_total"]
+        cached = [s.get("ledger", {}).get("cached", 0.0) for s in summaries]
+        row["cached_executions"] = float(np.mean(cached))
         rank = step_series(summaries, "oracle/wm_oos_group_rank_corr")
         row["wm_rank_corr"] = _nanstat(np.nanmean, rank)
         for key in ("oracle/fed_bias", "oracle/fed_error_var", "correction/rank_corr"):
