@@ -143,7 +143,13 @@ class SandboxOutcomes:
         floors: rewards for outcomes without a valid score.
         timeout_s: wall-clock limit; default each task's `limits["wall_seconds"]`.
         close_executor: whether `close()` closes the executor too.
+
+    Attributes:
+        fingerprint: None: executions decide their answers, no table does (the
+            trainer's resume guard compares it; see `ReplayExecutor.fingerprint`).
     """
+
+    fingerprint = None
 
     def __init__(
         self,

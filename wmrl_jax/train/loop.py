@@ -161,7 +161,7 @@ class Trainer:
     @property
     def fingerprint(self) -> str | None:
         """What decides the outcome source's answers (a replay table's digest), or None."""
-        return getattr(self.source, "fingerprint", None)
+        return self.source.fingerprint
 
     def _evaluate(self) -> dict[str, float]:
         key = jax.random.fold_in(self.key, -1 % 2**31)  # The same draws at every evaluation.
