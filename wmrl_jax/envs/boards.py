@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import tqdm
 
 from wmrl_jax.envs import ensembles, ladder, suite
 
@@ -120,10 +121,15 @@ def fit_boards(
                 pending[fut] = spec.id
             results[spec.id] = [None] * ((n + _CHUNK - 1) // _CHUNK)
         chunks = {s.id: 0 for s in specs}
+        # A bar on a terminal (hidden in logs): fitted chunks, then one ensemble job per task.
+        bar = tqdm.tqdm(
+            total=len(pending) + len(specs), desc="fitting boards", unit="job", disable=None
+        )
         while pending:
             done, _ = concurrent.futures.wait(
                 pending, return_when=concurrent.futures.FIRST_COMPLETED
             )
+            bar.update(len(done))
             for fut in done:
                 task_id = pending.pop(fut)
                 if task_id in ens and fut is ens[task_id]:
@@ -136,6 +142,7 @@ def fit_boards(
                     results[task_id] = [r for c in results[task_id] for r in c]
                     ens[task_id] = pool.submit(_ensemble_task, task_id, seed, results[task_id])
                     pending[ens[task_id]] = task_id
+        bar.close()
     return {s.id: (sorted(results[s.id], key=lambda r: r[0]), ens[s.id]) for s in specs}
 
 
