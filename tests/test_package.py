@@ -91,7 +91,7 @@ def test_importing_the_trainer_loads_no_agent_kind_and_no_study():
 def test_wheel_installs_and_runs_the_main_job(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
          "-w", str(wheels), str(REPO)],
         check=True, cwd=tmp_path,
     )  # fmt: skip
