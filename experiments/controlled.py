@@ -15,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from wmrl_jax.studies import controlled, report
+from wmrl_jax.train.summary import write_json
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/controlled.py", "Study config.", lock_config=True
@@ -30,7 +31,7 @@ def run_and_report(config, workdir: str) -> dict:
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     curves = {arm: {k: v.mean(0) for k, v in out.items()} for arm, out in results.items()}
-    report.write_json(
+    write_json(
         workdir / "results.json",
         {"config": config.to_dict(), "summary": summary, "mean_curves": curves},
     )

@@ -24,6 +24,7 @@ from ml_collections import config_flags
 from wmrl_jax.readme import write_section
 from wmrl_jax.studies import compute as study
 from wmrl_jax.studies import report
+from wmrl_jax.train.summary import write_json
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/study_compute.py", "Study config.", lock_config=True
@@ -54,7 +55,7 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
             for k, v in results.items()
         },
     }
-    report.write_json(os.path.join(workdir, "results.json"), payload)
+    write_json(os.path.join(workdir, "results.json"), payload)
     render(workdir, readme)
     return analysis
 

@@ -9,7 +9,6 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.studies.smoothing import trailing_mean
-from wmrl_jax.train.summary import write_json  # noqa: F401  (the studies' JSON writer)
 
 
 def plot_study(results: dict, config: ml_collections.ConfigDict, path: str | pathlib.Path):
