@@ -152,27 +152,58 @@ def replay():
     return ReplayExecutor(tabular.RecipeTable.load(TABLE))
 
 
-@pytest.mark.parametrize("index", [0, 7, 100, 287])
-def test_replay_returns_the_recorded_outcome(replay, iris, index):
+@pytest.mark.parametrize("index, k", [(0, 0), (7, 1), (100, 2), (287, 0)])
+def test_replay_returns_the_recorded_outcome(replay, iris, index, k):
     source = recipes.compile_program(recipes.recipe_from_index(index), iris)
-    future = replay.submit(iris, source)
+    future = replay.submit(iris, source, replicate=k)
     assert future.done()
     outcome = future.result()
     table, t = replay.table, replay.table.row("iris")
     assert isinstance(outcome, Outcome)
-    assert outcome.status == table.status_names("iris")[index]
+    assert outcome.status == table.status_names("iris", k)[index]
     assert outcome.seconds == pytest.approx(
-        table.seconds[t, index] + table.meta["startup_seconds"], rel=1e-12
+        table.seconds[t, index, k] + table.meta["startup_seconds"], rel=1e-12
     )
-    assert outcome.reward == table.reward("iris")[index]
-    np.testing.assert_equal(outcome.score, table.score[t, index])
-    np.testing.assert_equal(outcome.percentile, table.percentile("iris")[index])
+    assert outcome.reward == table.replicate_reward("iris")[index, k]
+    np.testing.assert_equal(outcome.score, table.score[t, index, k])
+    np.testing.assert_equal(outcome.percentile, table.replicate_percentile("iris")[index, k])
     assert replay.recipe_of(iris, source) == index
-    assert replay.submit(iris, source, replicate=0).result() == outcome
-    assert replay.reward_mean(iris, source) == outcome.reward == replay.lookup(iris, source).reward
-    assert replay.num_replicates == 1 and math.isnan(replay.reward_var(iris, source))
-    with pytest.raises(ValueError, match=r"replicate must be in \[0, 1\)"):
-        replay.submit(iris, source, replicate=1)
+    assert replay.submit(iris, source).result() == replay.submit(iris, source, replicate=0).result()
+
+
+def test_replay_lookup_is_the_replicate_mean(replay, iris):
+    table, t = replay.table, replay.table.row("iris")
+    # The best recipe by mean reward: valid in every replicate, yet noisy.
+    index = int(np.argmax(table.reward("iris")))
+    source = recipes.compile_program(recipes.recipe_from_index(index), iris)
+    draws = [replay.submit(iris, source, replicate=k).result() for k in range(3)]
+    truth = replay.lookup(iris, source)
+    assert truth.status == "ok" and truth.reward == pytest.approx(
+        np.mean([d.reward for d in draws]), rel=1e-12
+    )
+    assert truth.percentile == pytest.approx(np.mean([d.percentile for d in draws]), rel=1e-12)
+    assert truth.score == pytest.approx(np.mean(table.score[t, index]), rel=1e-12)
+    assert replay.reward_mean(iris, source) == truth.reward == table.reward("iris")[index]
+    var = np.var([d.reward for d in draws], ddof=1)
+    assert replay.reward_var(iris, source) == pytest.approx(var, rel=1e-9, abs=1e-15)
+    assert replay.num_replicates == table.num_replicates == 3
+    for bad in (3, -1):
+        with pytest.raises(ValueError, match="replicate"):
+            replay.submit(iris, source, replicate=bad)
+
+
+def test_replay_lookup_of_mixed_statuses(iris):
+    table = tabular.RecipeTable.load(TABLE)
+    t = table.row("iris")
+    table.status[t, 5] = [0, 2, 2]  # one valid run, two crashes: mostly "error"
+    table.score[t, 5, 1:] = np.nan
+    replay = ReplayExecutor(table)
+    source = recipes.compile_program(recipes.recipe_from_index(5), iris)
+    truth = replay.lookup(iris, source)
+    pct = table.replicate_percentile("iris")[5, 0]
+    assert truth.status == "error" and truth.percentile == pct
+    assert truth.reward == pytest.approx((pct + 2 * FLOORS.error) / 3, rel=1e-12)
+    assert truth.score == table.score[t, 5, 0]
 
 
 def test_replay_rejects_unknown_programs_and_other_data(replay, iris, tmp_path):

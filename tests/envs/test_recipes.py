@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import io
 import itertools
 import os
 import sys
@@ -11,6 +13,8 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn import linear_model
+from sklearn import metrics as sk_metrics
 
 from wmrl_jax.envs import recipes, suite
 from wmrl_jax.envs.recipes import Recipe
@@ -117,7 +121,8 @@ def test_programs_are_deterministic_distinct_and_self_contained(suite_dir):
                 assert {a.name.split(".")[0] for a in node.names} <= allowed
             elif isinstance(node, ast.ImportFrom):
                 assert node.module.split(".")[0] in allowed
-        assert "SEED = 0" in source
+        assert 'SEED = int(os.environ.get("WMRL_REPLICATE", "0"))' in source
+        assert "random_state=0" not in source  # Every seed is the replicate's.
 
 
 def test_program_format_follows_the_task(suite_dir):
@@ -168,6 +173,52 @@ def test_program_runs_in_process_with_a_class_missing_from_the_subsample(tmp_pat
     proba = np.array([[float(v) for v in row.split(",")[1:]] for row in rows[1:]])
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
     np.testing.assert_allclose(proba[:, 2], recipes.HEDGE / 3, rtol=1e-12)
+
+
+def _run(source: str, input_dir: str, out, replicate: int | None) -> str:
+    """Executes `source` in this process as an executor would; returns what it printed."""
+    env = {"WMRL_INPUT_DIR": input_dir, "WMRL_OUTPUT_DIR": os.fspath(out)}
+    if replicate is not None:
+        env[recipes.REPLICATE_ENV] = str(replicate)
+    saved, printed = dict(os.environ), io.StringIO()
+    os.environ.pop(recipes.REPLICATE_ENV, None)
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(source, "main.py", "exec"), {"__name__": "__main__"})
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return printed.getvalue()
+
+
+def test_replicate_seeds_the_validation_split_and_the_model(tmp_path, suite_dir):
+    task = load_task(os.path.join(suite_dir, "iris"))
+    source = recipes.compile_program(Recipe(0, 2, 1, 2), task)  # raw linear, C=1, all rows
+    header, *rows = np.loadtxt(
+        os.path.join(task.public_dir, "train.csv"), delimiter=",", dtype=str
+    ).tolist()
+    x, y = np.array([r[1:-1] for r in rows], float), np.array([r[-1] for r in rows], float)
+    x_test = np.loadtxt(os.path.join(task.public_dir, "test.csv"), delimiter=",", skiprows=1)
+    subs = {}
+    for replicate in (None, 0, 1, 2, 1):
+        out = tmp_path / f"out{replicate}-{len(subs)}"
+        out.mkdir()
+        printed = _run(source, task.public_dir, out, replicate)
+        subs.setdefault(replicate, []).append((out / "submission.csv").read_bytes())
+        # The reference: the same split and model, written independently with scikit-learn.
+        order = np.random.default_rng(replicate or 0).permutation(len(y))
+        n_valid = int(round(recipes.VALIDATION * len(y)))
+        fit, valid = np.sort(order[n_valid:]), order[:n_valid]
+        model = linear_model.LogisticRegression(C=1.0, max_iter=1000).fit(x[fit], y[fit])
+        hedge = lambda p: (1 - recipes.HEDGE) * p + recipes.HEDGE / 3
+        want = sk_metrics.log_loss(y[valid], hedge(model.predict_proba(x[valid])), labels=[0, 1, 2])
+        assert printed == f"validation log_loss: {want:.6f} on {n_valid} held-out rows\n"
+        got = np.loadtxt(out / "submission.csv", delimiter=",", skiprows=1)[:, 1:]
+        np.testing.assert_allclose(got, hedge(model.predict_proba(x_test[:, 1:])), rtol=1e-9)
+    assert subs[None] == subs[0]  # Unset means replicate 0.
+    assert subs[1][0] == subs[1][1]  # The same replicate, the same file.
+    assert len({subs[0][0], subs[1][0], subs[2][0]}) == 3
 
 
 def test_grader_metric_is_refused(make_task):

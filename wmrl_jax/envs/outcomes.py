@@ -10,12 +10,10 @@ when they were executed.
 Replicates: one program executed twice on the same data may score twice
 differently (model seeds, validation splits). Every execution carries a
 replicate index, a non-negative integer the program reads from the environment
-variable `recipes.REPLICATE_ENV` (`WMRL_REPLICATE`) and may seed itself with.
-The same (task, program, replicate) gives the same outcome, so a caller's
-execution cache keys on all three; the true reward of a program is its mean
-over replicates. The committed recipe table records one execution per (task,
-recipe) (`ReplayExecutor.num_replicates` is 1) until it is rebuilt with
-replicates.
+variable `recipes.REPLICATE_ENV` (`WMRL_REPLICATE`) and seeds itself with;
+recipe programs do. The same (task, program, replicate) gives the same outcome,
+so a caller's execution cache keys on all three; the true reward of a program
+is its mean over replicates (`ReplayExecutor.lookup`).
 
 Failures are outcomes, never exceptions: a crash, a timeout or a garbage
 submission gets its floor reward; a sandbox failure is "infra_error" with a
@@ -225,9 +223,11 @@ class ReplayExecutor:
 
     A program is recognised by the digest of its text: every recipe is compiled
     for a task once, and the table must have been built from the same programs
-    and the same data (both checked on first sight of a task). The seconds
-    charged are the recorded execution seconds plus the recorded interpreter
-    start-up, which a sandboxed run pays and the table's in-process build did not.
+    and the same data (both checked on first sight of a task). `submit` answers
+    the recorded execution of the given replicate (in [0, `num_replicates`));
+    `lookup` is the oracle, the replicate mean. The seconds charged are the
+    recorded execution seconds plus the recorded interpreter start-up, which a
+    sandboxed run pays and the table's in-process build did not.
 
     Args:
         table: the tabular benchmark.
@@ -249,7 +249,7 @@ class ReplayExecutor:
     @property
     def num_replicates(self) -> int:
         """Replicates recorded per (task, recipe); `submit` takes indices below it."""
-        return 1
+        return self.table.num_replicates
 
     @property
     def fingerprint(self) -> str:
@@ -283,40 +283,56 @@ class ReplayExecutor:
     def submit(self, task: Task, source: str, *, replicate: int = 0) -> concurrent.futures.Future:
         """An already-resolved Future of the recorded `Outcome` of `source` on `task`
         in replicate `replicate`; ValueError for a replicate the table lacks."""
-        if check_replicate(replicate) >= self.num_replicates:
-            raise ValueError(
-                f"replicate must be in [0, {self.num_replicates}): the table records "
-                f"{self.num_replicates} execution per (task, recipe), got {replicate}"
-            )
+        k = self.table.check_replicate(check_replicate(replicate))
         r = self.recipe_of(task, source)
         t = self.table.row(task.id)
-        status = STATUS_NAMES[self.table.status[t, r]]
-        seconds = float(self.table.seconds[t, r]) + self.startup_seconds
+        status = STATUS_NAMES[self.table.status[t, r, k]]
+        seconds = float(self.table.seconds[t, r, k]) + self.startup_seconds
         if status != "ok":
-            message = self.table.meta["tasks"][task.id]["messages"].get(str(r), "")
+            message = self.table.meta["tasks"][task.id]["messages"].get(f"{r}/{k}", "")
             return _resolved(
                 failed_outcome(status, seconds=seconds, message=message, floors=self.floors)
             )
-        if task.id not in self._rewards:
-            self._rewards[task.id] = self.table.reward(task.id, self.floors)
-        pct = float(self.table.percentile(task.id)[r])
-        reward = float(self._rewards[task.id][r])
-        return _resolved(Outcome("ok", reward, pct, float(self.table.score[t, r]), seconds))
+        reward = float(self._replicate_rewards(task.id)[r, k])
+        pct = float(self.table.replicate_percentile(task.id)[r, k])
+        return _resolved(Outcome("ok", reward, pct, float(self.table.score[t, r, k]), seconds))
+
+    def _replicate_rewards(self, task_id: str) -> np.ndarray:
+        if task_id not in self._rewards:
+            self._rewards[task_id] = self.table.replicate_reward(task_id, self.floors)
+        return self._rewards[task_id]
 
     def lookup(self, task: Task, source: str) -> Outcome:
-        """The recorded outcome, as an oracle: studies compare the rewards they feed to
-        GRPO with every sample's true reward (nothing is charged; the caller decides).
-        With replicates it is their mean."""
-        return self.submit(task, source).result()
+        """The oracle: the recipe's true outcome, its mean over the recorded replicates.
+
+        Studies compare the rewards they feed to GRPO with every sample's true
+        reward; nothing is charged (the caller decides). reward, seconds: the
+        replicate means; percentile, score: means over the valid replicates
+        (NaN when none is valid); status: the most frequent replicate status
+        (ties to the earlier name in `STATUS_NAMES`, "ok" first).
+        """
+        r = self.recipe_of(task, source)
+        t = self.table.row(task.id)
+        codes = self.table.status[t, r]
+        status = STATUS_NAMES[int(np.argmax(np.bincount(codes, minlength=len(STATUS_NAMES))))]
+        valid = codes == 0
+        score = float(self.table.score[t, r][valid].mean()) if valid.any() else NAN
+        return Outcome(
+            status,
+            float(self._replicate_rewards(task.id)[r].mean()),
+            float(self.table.percentile(task.id)[r]),
+            score,
+            float(self.table.seconds[t, r].mean()) + self.startup_seconds,
+        )
 
     def reward_mean(self, task: Task, source: str) -> float:
         """The program's true reward: the mean of its replicates' rewards."""
-        return float(self.lookup(task, source).reward)
+        return float(self._replicate_rewards(task.id)[self.recipe_of(task, source)].mean())
 
     def reward_var(self, task: Task, source: str) -> float:
         """The variance (ddof=1) of the program's reward over its replicates; NaN with one."""
-        self.recipe_of(task, source)
-        return float("nan")
+        rewards = self._replicate_rewards(task.id)[self.recipe_of(task, source)]
+        return float(rewards.var(ddof=1)) if rewards.size > 1 else NAN
 
     def close(self) -> None:
         """Nothing to release; for the shared submit/close API."""

@@ -7,6 +7,13 @@ turns a recipe into a readable, self-contained, seeded Python program (numpy
 and scikit-learn only) that reads the task's CSVs and writes the submission in
 the task's exact format; it is executed and graded like any other program.
 
+Programs vary as real ML does: each holds out a seeded validation split of the
+training rows (`VALIDATION`), fits on the rest, prints its validation score and
+seeds its model with the replicate index the executor passes in the
+environment variable `REPLICATE_ENV` (`WMRL_REPLICATE`, a non-negative integer;
+unset means 0). One program run under replicates 0, 1, 2 is three executions
+with different model seeds and splits; the same replicate gives the same file.
+
 The space runs from bad (a uniform guess on raw features) to good (scaled
 features into a tuned forest or boosting), with flat and costly directions, so
 that the best recipes are competitive on a leaderboard without owning it.
@@ -36,10 +43,11 @@ SLOT_SIZES: tuple[int, ...] = (len(PREPROCESS), len(MODELS), LEVELS, LEVELS)
 NUM_RECIPES: int = SLOT_SIZES[0] * SLOT_SIZES[1] * SLOT_SIZES[2] * SLOT_SIZES[3]
 CLASSIFICATION_METRICS = ("accuracy", "log_loss", "auc")
 REGRESSION_METRICS = ("rmse", "mae", "r2")
-SEED = 0
-# The environment variable carrying an execution's replicate index (a non-negative
-# integer); executors set it (`outcomes.SandboxOutcomes`), programs may seed with it.
+# The environment variable carrying the replicate index; executors set it
+# (`outcomes.SandboxOutcomes`, `tabular.run_in_process`).
 REPLICATE_ENV = "WMRL_REPLICATE"
+# Share of the training rows every program holds out to report a validation score.
+VALIDATION = 0.2
 # Mixed into every probability row: one confident mistake must not cost the whole log-loss.
 HEDGE = 0.005
 FRACTIONS = (0.1, 0.3, 1.0)
@@ -173,7 +181,7 @@ def _estimator(family: str, a, b, cls: bool) -> tuple[str, str]:
     names, modules, _, _ = _FAMILIES[family]
     name = names[0 if cls else 1]
     module = modules if isinstance(modules, str) else modules[0 if cls else 1]
-    seed = f"random_state={SEED}"
+    seed = "random_state=SEED"
     if family == "prior":
         args = f"strategy={_lit(a)}" + (", quantile=0.1" if a == "quantile" else "")
         if a == "stratified":
@@ -204,7 +212,7 @@ _PREPROCESS_CODE = {
     "quantile": (
         "from sklearn.preprocessing import QuantileTransformer",
         "QuantileTransformer(\n    n_quantiles=min(1000, len(x_fit)), "
-        f'output_distribution="normal", random_state={SEED}\n)',
+        'output_distribution="normal", random_state=SEED\n)',
     ),
     "poly2": (
         "from sklearn.pipeline import make_pipeline\n"
@@ -235,17 +243,19 @@ x_test = np.array([[float(row[j]) for j in test_cols] for row in test_rows])
 ids = [row[test_header.index({id})] for row in test_rows]
 '''
 
-_SUBSAMPLE = """
-# Fit on a seeded subsample of the training rows.
+_SPLIT = """
+# Hold out a seeded validation split; fit on the other rows{subsample_note}.
 rng = np.random.default_rng(SEED)
-n_fit = max(10, int(round(FRACTION * len(y_train))))
-keep = np.sort(rng.permutation(len(y_train))[:n_fit])
-x_fit, y_fit = x_train[keep], y_train[keep]
+order = rng.permutation(len(y_train))
+n_valid = max(1, int(round(VALIDATION * len(y_train))))
+x_valid, y_valid = x_train[order[:n_valid]], y_train[order[:n_valid]]
+fit_rows = {fit_rows}
+x_fit, y_fit = x_train[fit_rows], y_train[fit_rows]
 """
 
 _TRANSFORM = """
 transform = {ctor}.fit(x_fit)
-x_fit, x_test = transform.transform(x_fit), transform.transform(x_test)
+x_fit, x_valid, x_test = (transform.transform(x) for x in (x_fit, x_valid, x_test))
 """
 
 _CLASSIFY = """
@@ -255,10 +265,16 @@ model = {ctor}
 if len(np.unique(y_fit)) < 2:  # one class in the fitted rows: predict its prior instead
     model = DummyClassifier(strategy="prior")
 model.fit(x_fit, y_fit)
-proba = np.zeros((len(x_test), num_classes))
-# Classes absent from the fitted rows keep probability 0 before the hedge.
-proba[:, model.classes_.astype(int)] = model.predict_proba(x_test)
-proba = (1.0 - HEDGE) * proba + HEDGE / num_classes
+
+
+def predict_proba(x):
+    proba = np.zeros((len(x), num_classes))
+    # Classes absent from the fitted rows keep probability 0 before the hedge.
+    proba[:, model.classes_.astype(int)] = model.predict_proba(x)
+    return (1.0 - HEDGE) * proba + HEDGE / num_classes
+
+
+proba, valid_proba = predict_proba(x_test), predict_proba(x_valid)
 """
 
 _REGRESS = """
@@ -267,6 +283,31 @@ y_mean, y_scale = y_fit.mean(), y_fit.std() or 1.0
 model = {ctor}
 model.fit(x_fit, (y_fit - y_mean) / y_scale)
 prediction = model.predict(x_test) * y_scale + y_mean
+valid_prediction = model.predict(x_valid) * y_scale + y_mean
+"""
+
+# The validation score, by the task's metric (what a competitor checks before submitting).
+_VALIDATE = {
+    "accuracy": ("accuracy_score", "accuracy_score(y_valid, np.argmax(valid_proba, axis=1))"),
+    "log_loss": ("log_loss", "log_loss(y_valid, valid_proba, labels=list(range(num_classes)))"),
+    "auc": (
+        "roc_auc_score",
+        "roc_auc_score(y_valid, valid_proba[:, 1]) if num_classes == 2 else roc_auc_score(\n"
+        '        y_valid, valid_proba, multi_class="ovr", labels=list(range(num_classes))\n'
+        "    )",
+    ),
+    "rmse": ("mean_squared_error", "mean_squared_error(y_valid, valid_prediction) ** 0.5"),
+    "mae": ("mean_absolute_error", "mean_absolute_error(y_valid, valid_prediction)"),
+    "r2": ("r2_score", "r2_score(y_valid, valid_prediction)"),
+}
+
+_REPORT = """
+try:
+    valid_score = {expr}
+except ValueError as e:  # e.g. AUC on a split with one class
+    print(f"validation {name}: undefined ({{e}})")
+else:
+    print(f"validation {name}: {{valid_score:.6f}} on {{len(y_valid)}} held-out rows")
 """
 
 _WRITE = """
@@ -281,10 +322,12 @@ with open(os.path.join(output_dir, {file}), "w", newline="", encoding="utf-8") a
 def compile_program(r: Recipe, task: Task) -> str:
     """The Python source of recipe `r` for `task`; same inputs give the same text.
 
-    The program reads `$WMRL_INPUT_DIR/{train,test}.csv` and writes the task's
-    submission file under `$WMRL_OUTPUT_DIR`: one probability per class for
-    log_loss / auc (hedged away from 0 and 1), a class index for accuracy, a
-    value for regression.
+    The program reads `$WMRL_INPUT_DIR/{train,test}.csv`, holds out a
+    `VALIDATION` share of the training rows drawn with seed `$WMRL_REPLICATE`
+    (default 0), fits a model seeded the same way on the other rows, prints its
+    validation score and writes the task's submission file under
+    `$WMRL_OUTPUT_DIR`: one probability per class for log_loss / auc (hedged
+    away from 0 and 1), a class index for accuracy, a value for regression.
 
     Args:
         r: the recipe.
@@ -305,15 +348,21 @@ def compile_program(r: Recipe, task: Task) -> str:
     imports = {model_import} | ({prep_import} if prep_import else set())
     if cls:
         imports.add("from sklearn.dummy import DummyClassifier")
+    metric_fn, metric_expr = _VALIDATE[task.metric.name]
+    imports.add(f"from sklearn.metrics import {metric_fn}")
     subsample = pb.name == "fraction" and b < 1.0
-    constants = [f"SEED = {SEED}"]
+    constants = [
+        "# The replicate index seeds the model and the splits (one run of a replicated study).",
+        f'SEED = int(os.environ.get({_lit(REPLICATE_ENV)}, "0"))',
+        f"VALIDATION = {VALIDATION!r}",
+    ]
     constants += [f"FRACTION = {b!r}"] if subsample else []
     constants += [f"HEDGE = {HEDGE!r}"] if cls else []
     doc = (
         f'"""Recipe {describe(r)} for task {task.id!r}.\n\n'
         f"Metric {task.metric.name} ({task.metric.direction} is better); writes "
         f"{spec.file} with columns {[spec.id_column, *spec.target_columns]}.\n"
-        'Compiled from a recipe: numpy and scikit-learn only, seeded and deterministic.\n"""\n\n'
+        'Compiled from a recipe: numpy and scikit-learn only, seeded by the replicate.\n"""\n\n'
     )
     parts = [
         doc,
@@ -327,7 +376,15 @@ def compile_program(r: Recipe, task: Task) -> str:
         + "\n"
         + 'warnings.filterwarnings("ignore")  # convergence warnings are part of the recipe\n',
         _READ.format(id=_lit(spec.id_column), answer=_lit(spec.answer_column)),
-        _SUBSAMPLE if subsample else "\nx_fit, y_fit = x_train, y_train\n",
+        _SPLIT.format(
+            subsample_note=" (a seeded FRACTION of them)" if subsample else "",
+            fit_rows=(
+                "order[n_valid:]\n"
+                "fit_rows = np.sort(fit_rows[: max(10, int(round(FRACTION * len(fit_rows))))])"
+                if subsample
+                else "np.sort(order[n_valid:])"
+            ),
+        ),
         _TRANSFORM.format(ctor=prep_ctor) if prep_ctor else "",
     ]
     columns = list(spec.target_columns)
@@ -344,6 +401,7 @@ def compile_program(r: Recipe, task: Task) -> str:
     else:
         parts.append(_REGRESS.format(ctor=ctor))
         values, cells = "prediction", "repr(float(value))"
+    parts.append(_REPORT.format(expr=metric_expr, name=task.metric.name))
     parts.append(
         _WRITE.format(
             file=_lit(spec.file),

@@ -1,13 +1,19 @@
 """A tabular benchmark of the recipe space, in the spirit of NAS-Bench.
 
-Every (task, recipe) program is executed once for real and graded; the table
-keeps status, raw score and measured execution seconds per pair, the tasks'
-leaderboards (so percentiles come from boards) and a digest of each task's
-data (a table never answers for different data). `outcomes.ReplayExecutor`
-answers from it and charges the recorded seconds, so many-seed studies cost
-minutes while the compute they account for is the real cost.
+Every (task, recipe) program is executed for real `replicates` times (default
+`REPLICATES`), each run with its replicate index in `recipes.REPLICATE_ENV`
+(which seeds the program's model and validation split), and graded; the table
+keeps status, raw score and measured execution seconds per (task, recipe,
+replicate), the tasks' leaderboards (so percentiles come from boards) and a
+digest of each task's data (a table never answers for different data).
+`outcomes.ReplayExecutor` answers from it and charges the recorded seconds, so
+many-seed studies cost minutes while the compute they account for is the real
+cost. A recipe's true reward is its replicate mean (`RecipeTable.reward`); the
+spread across replicates (`RecipeTable.reward_var`) is the noise of real
+execution that a correction has to estimate.
 
     python -m wmrl_jax.envs.tabular build --suite DIR --out FILE [--workers 2] [--only ids]
+        [--replicates 3]
     python -m wmrl_jax.envs.tabular refresh-boards --suite DIR --table FILE
     python -m wmrl_jax.envs.tabular summary --table FILE
 
@@ -27,6 +33,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import multiprocessing
 import os
@@ -45,11 +52,13 @@ from wmrl_jax.envs.task import Task, load_task
 
 # Table codes: grading's sandbox statuses with "invalid" (ran, unusable submission).
 STATUS_NAMES: tuple[str, ...] = ("ok", "invalid", "error", "killed", "timeout", "oom")
-FORMAT_VERSION = 1
+# 2: status / score / seconds carry a replicate axis, [T, R, K] (1 had one run per pair).
+FORMAT_VERSION = 2
+REPLICATES = 3
 _IMPORTS = (
     "numpy", "sklearn.dummy", "sklearn.ensemble", "sklearn.linear_model", "sklearn.naive_bayes",
-    "sklearn.neighbors", "sklearn.neural_network", "sklearn.pipeline", "sklearn.preprocessing",
-    "sklearn.tree",
+    "sklearn.metrics", "sklearn.neighbors", "sklearn.neural_network", "sklearn.pipeline",
+    "sklearn.preprocessing", "sklearn.tree",
 )  # fmt: skip
 _SINGLE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
@@ -95,20 +104,27 @@ def programs_digest(digests: Sequence[str]) -> str:
 
 @dataclasses.dataclass
 class RecipeTable:
-    """Recorded outcomes of every (task, recipe) pair.
+    """Recorded outcomes of every (task, recipe, replicate).
 
     Attributes:
         task_ids: T task ids.
-        status: int8 codes into `STATUS_NAMES`, of shape [T, R].
-        score: raw metric values, NaN unless status is "ok", of shape [T, R].
+        status: int8 codes into `STATUS_NAMES`, of shape [T, R, K] (K replicates).
+        score: raw metric values, NaN unless status is "ok", of shape [T, R, K].
         seconds: execution seconds to charge (start-up excluded): CPU seconds of a
             single-threaded run, which equal its wall time on an unshared core and,
-            unlike wall time, are not inflated by a busy build machine; of shape [T, R].
+            unlike wall time, are not inflated by a busy build machine; of shape
+            [T, R, K].
         boards: task id -> board name -> scores of shape [N].
-        wall_seconds: measured wall seconds of the same runs, of shape [T, R].
-        meta: JSON-able: "startup_seconds" (CPU, median), and per task in meta["tasks"][id]
-            "metric", "direction", "percentile_rule", "data_digest",
-            "programs_digest", "messages" (recipe index -> failure message).
+        wall_seconds: measured wall seconds of the same runs, of shape [T, R, K].
+        meta: JSON-able: "startup_seconds" (CPU, median), "replicates" (K), and per
+            task in meta["tasks"][id] "metric", "direction", "percentile_rule",
+            "data_digest", "programs_digest", "messages" ("recipe/replicate" ->
+            failure message).
+
+    Example:
+        >>> table = RecipeTable.load()                      # doctest: +SKIP
+        >>> table.reward("iris").shape, table.num_replicates  # doctest: +SKIP
+        ((288,), 3)
     """
 
     task_ids: tuple[str, ...]
@@ -120,11 +136,29 @@ class RecipeTable:
     wall_seconds: np.ndarray | None = None
 
     def __post_init__(self):
-        shape = (len(self.task_ids), recipes.NUM_RECIPES)
+        if self.status.ndim != 3 or self.status.shape[2] < 1:
+            raise TableError(f"status has shape {self.status.shape}, need [T, R, K >= 1]")
+        shape = (len(self.task_ids), recipes.NUM_RECIPES, self.status.shape[2])
         for name in ("status", "score", "seconds"):
             if getattr(self, name).shape != shape:
                 raise TableError(f"{name} has shape {getattr(self, name).shape}, need {shape}")
         self._pct: dict[str, np.ndarray] = {}
+
+    @property
+    def num_replicates(self) -> int:
+        """K: recorded executions per (task, recipe), each with its own replicate index."""
+        return int(self.status.shape[2])
+
+    def check_replicate(self, replicate: int) -> int:
+        """`replicate` as an int; ValueError unless it is in [0, num_replicates)."""
+        if isinstance(replicate, bool) or int(replicate) != replicate:
+            raise ValueError(f"replicate must be an integer, got {replicate!r}")
+        if not 0 <= int(replicate) < self.num_replicates:
+            raise ValueError(
+                f"replicate must be in [0, {self.num_replicates}): the table records "
+                f"{self.num_replicates} executions per (task, recipe), got {replicate}"
+            )
+        return int(replicate)
 
     def row(self, task_id: str) -> int:
         """The row of `task_id`; TableError naming the task when absent."""
@@ -132,15 +166,17 @@ class RecipeTable:
             raise TableError(f"task {task_id!r} is not in the recipe table {self.task_ids}")
         return self.task_ids.index(task_id)
 
-    def status_names(self, task_id: str) -> list[str]:
-        """The status name of each recipe, length R."""
-        return [STATUS_NAMES[c] for c in self.status[self.row(task_id)]]
+    def status_names(self, task_id: str, replicate: int = 0) -> list[str]:
+        """The status name of each recipe in one replicate, length R."""
+        k = self.check_replicate(replicate)
+        return [STATUS_NAMES[c] for c in self.status[self.row(task_id), :, k]]
 
     def digest(self) -> str:
         """sha256 over everything an answer depends on: tasks, statuses, scores, the
         seconds charged, boards and meta (wall seconds, which are not charged, excluded)."""
         h = hashlib.sha256()
         h.update(json.dumps([self.task_ids, self.meta], sort_keys=True).encode())
+        h.update(repr(self.status.shape).encode())
         for a in (self.status, self.score, self.seconds):
             h.update(np.ascontiguousarray(a).tobytes())
         for task_id in sorted(self.boards):
@@ -149,15 +185,15 @@ class RecipeTable:
                 h.update(np.ascontiguousarray(self.boards[task_id][name], np.float64).tobytes())
         return h.hexdigest()
 
-    def percentile(self, task_id: str) -> np.ndarray:
-        """Board percentile of each recipe (NaN unless valid), of shape [R]."""
+    def replicate_percentile(self, task_id: str) -> np.ndarray:
+        """Board percentile of each execution (NaN unless valid), of shape [R, K]."""
         if task_id not in self._pct:
             t, info = self.row(task_id), self.meta["tasks"][task_id]
-            pct = np.full(recipes.NUM_RECIPES, np.nan)
-            for r in np.flatnonzero(self.status[t] == 0):
-                pct[r] = np.mean([
+            pct = np.full(self.status.shape[1:], np.nan)
+            for r, k in zip(*np.nonzero(self.status[t] == 0), strict=True):
+                pct[r, k] = np.mean([
                     grading.percentile(
-                        self.score[t, r], b, direction=info["direction"],
+                        self.score[t, r, k], b, direction=info["direction"],
                         rule=info["percentile_rule"],
                     )
                     for b in self.boards[task_id].values()
@@ -165,16 +201,44 @@ class RecipeTable:
             self._pct[task_id] = pct
         return self._pct[task_id]
 
+    def percentile(self, task_id: str) -> np.ndarray:
+        """Mean board percentile of each recipe over its valid replicates (NaN when none
+        is valid), of shape [R]."""
+        pct = self.replicate_percentile(task_id)
+        valid = np.isfinite(pct)
+        total = np.where(valid, pct, 0.0).sum(axis=1)
+        return np.where(valid.any(axis=1), total / np.maximum(valid.sum(axis=1), 1), np.nan)
+
+    def replicate_reward(
+        self, task_id: str, floors: grading.RewardFloors = grading.DEFAULT_FLOORS
+    ) -> np.ndarray:
+        """The training reward of each execution (percentile or its status's floor),
+        of shape [R, K]."""
+        table = floors._asdict() if isinstance(floors, grading.RewardFloors) else dict(floors)
+        out = self.replicate_percentile(task_id).copy()
+        status = self.status[self.row(task_id)]
+        for code, name in enumerate(STATUS_NAMES):
+            if name != "ok":
+                out[status == code] = table[name]
+        return out
+
     def reward(
         self, task_id: str, floors: grading.RewardFloors = grading.DEFAULT_FLOORS
     ) -> np.ndarray:
-        """The training reward of each recipe (percentile or the status's floor), shape [R]."""
-        table = floors._asdict() if isinstance(floors, grading.RewardFloors) else dict(floors)
-        out = self.percentile(task_id).copy()
-        for r, name in enumerate(self.status_names(task_id)):
-            if name != "ok":
-                out[r] = table[name]
-        return out
+        """The true reward of each recipe: its replicate mean, of shape [R]."""
+        return self.replicate_reward(task_id, floors).mean(axis=1)
+
+    def reward_var(
+        self, task_id: str, floors: grading.RewardFloors = grading.DEFAULT_FLOORS
+    ) -> np.ndarray:
+        """The replicate variance of each recipe's reward (unbiased, ddof=1), of shape [R].
+
+        The noise of one real execution around the recipe's true reward; NaN for a
+        table with one replicate.
+        """
+        if self.num_replicates < 2:
+            return np.full(recipes.NUM_RECIPES, np.nan)
+        return self.replicate_reward(task_id, floors).var(axis=1, ddof=1)
 
     def check_task(self, task: Task) -> None:
         """Raises TableError unless `task`'s data is the data the table was built on."""
@@ -226,7 +290,12 @@ class RecipeTable:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta_json"]))
             if meta.get("format_version") != FORMAT_VERSION:
-                raise TableError(f"{path}: table format {meta.get('format_version')}")
+                raise TableError(
+                    f"{path}: recipe table format {meta.get('format_version')}, this version "
+                    f"reads format {FORMAT_VERSION} (replicated outcomes: "
+                    f"{REPLICATES} executions per task and recipe); rebuild it with "
+                    "`python -m wmrl_jax.envs.tabular build --suite DIR --out FILE`"
+                )
             if meta.get("num_recipes") != recipes.NUM_RECIPES:
                 raise TableError(
                     f"{path}: table has {meta.get('num_recipes')} recipes, the space has "
@@ -295,8 +364,14 @@ def _init_worker() -> None:
     _worker_limits = threadpool_limits(limits=1)
 
 
-def run_in_process(task: Task, source: str) -> tuple[str, float, float, float, str]:
+def run_in_process(
+    task: Task, source: str, *, replicate: int = 0
+) -> tuple[str, float, float, float, str]:
     """Executes `source` in this process for `task` and grades it (trusted programs only).
+
+    The program sees its inputs, its output dir and `replicate` in the
+    environment (`WMRL_INPUT_DIR`, `WMRL_OUTPUT_DIR`, `recipes.REPLICATE_ENV`),
+    as a sandboxed run does.
 
     Returns:
         (status, score, cpu_seconds, wall_seconds, message): a `STATUS_NAMES`
@@ -307,12 +382,20 @@ def run_in_process(task: Task, source: str) -> tuple[str, float, float, float, s
     with tempfile.TemporaryDirectory(prefix="wmrl-recipe-") as work:
         out = os.path.join(work, "output")
         os.mkdir(out)
-        os.environ.update(WMRL_INPUT_DIR=task.public_dir, WMRL_OUTPUT_DIR=out)
+        os.environ.update(
+            {
+                "WMRL_INPUT_DIR": task.public_dir,
+                "WMRL_OUTPUT_DIR": out,
+                recipes.REPLICATE_ENV: str(int(replicate)),
+            }
+        )
         os.chdir(work)
         message = ""
         start, cpu_start = time.perf_counter(), time.process_time()
         try:
-            exec(compile(source, "main.py", "exec"), {"__name__": "__main__"})
+            # What the program prints (its validation score) is not kept.
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(source, "main.py", "exec"), {"__name__": "__main__"})
         except MemoryError as e:
             status, message = "oom", repr(e)
         except Exception as e:  # a failing program is a result
@@ -337,9 +420,10 @@ def run_in_process(task: Task, source: str) -> tuple[str, float, float, float, s
     return status, score, cpu, seconds, message[:300]
 
 
-def _run_pair(task_dir: str, index: int) -> tuple[str, float, float, float, str]:
+def _run_pair(task_dir: str, index: int, replicate: int) -> tuple[str, float, float, float, str]:
     task = load_task(task_dir)
-    return run_in_process(task, recipes.compile_program(recipes.recipe_from_index(index), task))
+    source = recipes.compile_program(recipes.recipe_from_index(index), task)
+    return run_in_process(task, source, replicate=replicate)
 
 
 def _suite_tasks(suite_dir: str, only: Sequence[str] | None) -> list[Task]:
@@ -372,9 +456,10 @@ def build(
     workers: int = 2,
     only: Sequence[str] | None = None,
     indices: Sequence[int] | None = None,
+    replicates: int = REPLICATES,
     log=sys.stderr,
 ) -> RecipeTable:
-    """Executes and grades every (task, recipe) pair of the suite; returns the table.
+    """Executes and grades every (task, recipe, replicate) of the suite; returns the table.
 
     Args:
         suite_dir: a suite directory (one task directory per task).
@@ -382,13 +467,19 @@ def build(
         only: task ids to include (default: all tasks of the suite).
         indices: recipe indices to execute (default: all); others are marked "error"
             with message "not executed" (for quick estimates only).
+        replicates: executions per (task, recipe), replicate indices 0..K-1.
     """
+    if replicates < 1:
+        raise ValueError(f"replicates must be >= 1, got {replicates}")
     tasks = _suite_tasks(suite_dir, only)
     indices = range(recipes.NUM_RECIPES) if indices is None else list(indices)
-    shape = (len(tasks), recipes.NUM_RECIPES)
+    shape = (len(tasks), recipes.NUM_RECIPES, replicates)
     status = np.full(shape, STATUS_NAMES.index("error"), np.int8)
     score, seconds, wall = np.full(shape, np.nan), np.zeros(shape), np.zeros(shape)
-    messages = [{r: "not executed" for r in range(recipes.NUM_RECIPES)} for _ in tasks]
+    messages = [
+        {(r, k): "not executed" for r in range(recipes.NUM_RECIPES) for k in range(replicates)}
+        for _ in tasks
+    ]
     start = time.perf_counter()
     startup, startup_wall = measure_startup()
     env = {**os.environ}
@@ -397,21 +488,21 @@ def build(
         with concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker
         ) as pool:
-            pairs = sorted(
-                ((i, r) for i in range(len(tasks)) for r in indices),
+            runs = sorted(
+                ((i, r, k) for i in range(len(tasks)) for r in indices for k in range(replicates)),
                 key=lambda p: -_cost_guess(tasks[p[0]], p[1]),  # longest first
             )
             futures = {
-                pool.submit(_run_pair, os.path.dirname(tasks[i].public_dir), r): (i, r)
-                for i, r in pairs
+                pool.submit(_run_pair, os.path.dirname(tasks[i].public_dir), r, k): (i, r, k)
+                for i, r, k in runs
             }
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-                i, r = futures[future]
-                name, score[i, r], seconds[i, r], wall[i, r], message = future.result()
-                status[i, r] = STATUS_NAMES.index(name)
-                messages[i].pop(r)
+                i, r, k = futures[future]
+                name, score[i, r, k], seconds[i, r, k], wall[i, r, k], message = future.result()
+                status[i, r, k] = STATUS_NAMES.index(name)
+                messages[i].pop((r, k))
                 if message:
-                    messages[i][r] = message
+                    messages[i][r, k] = message
                 if log is not None and done % 200 == 0:
                     print(f"{done}/{len(futures)} in {time.perf_counter() - start:.0f} s", file=log)
     finally:
@@ -424,6 +515,7 @@ def build(
         "num_recipes": recipes.NUM_RECIPES,
         "slot_sizes": list(recipes.SLOT_SIZES),
         "status_names": list(STATUS_NAMES),
+        "replicates": replicates,
         "startup_seconds": startup,
         "startup_wall_seconds": startup_wall,
         "build": {
@@ -442,7 +534,7 @@ def build(
             "percentile_rule": task.percentile_rule,
             "data_digest": data_digest(task),
             "programs_digest": programs_digest(recipe_digests(task)),
-            "messages": {str(r): m for r, m in sorted(messages[i].items())},
+            "messages": {f"{r}/{k}": m for (r, k), m in sorted(messages[i].items())},
         }
     boards = {t.id: grading.load_leaderboards(t) for t in tasks}
     return RecipeTable(tuple(t.id for t in tasks), status, score, seconds, boards, meta, wall)
@@ -464,6 +556,11 @@ def stale_tasks(table: RecipeTable, suite_dir: str) -> list[str]:
 
 def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
     """`base` with the tasks of `update` replaced or added (start-up overhead from `base`)."""
+    if update.num_replicates != base.num_replicates:
+        raise TableError(
+            f"cannot merge a table of {update.num_replicates} replicates into one of "
+            f"{base.num_replicates}"
+        )
     ids = list(base.task_ids) + [t for t in update.task_ids if t not in base.task_ids]
     arrays = {}
     for name in ("status", "score", "seconds", "wall_seconds"):
@@ -474,7 +571,7 @@ def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
             rows.append(
                 values[src.row(task_id)]
                 if values is not None
-                else np.full(recipes.NUM_RECIPES, np.nan)
+                else np.full(src.status.shape[1:], np.nan)
             )
         arrays[name] = np.stack(rows)
     meta = json.loads(json.dumps(base.meta))
@@ -487,17 +584,21 @@ def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
 
 
 def summary(table: RecipeTable) -> str:
-    """Per task: best and median percentile over recipes, invalid share, mean seconds."""
-    lines = [f"{'task':24s} {'best':>6s} {'median':>6s} {'failed':>6s} {'mean_s':>7s}"]
+    """Per task: best and median mean percentile over recipes, the replicates' noise
+    (root mean replicate variance of the reward), failed share, mean seconds."""
+    head = ("task", "best", "median", "rep_sd", "failed", "mean_s")
+    lines = ["{:24s} {:>6s} {:>6s} {:>6s} {:>6s} {:>7s}".format(*head)]
     for task_id in table.task_ids:
         t, pct = table.row(task_id), table.percentile(task_id)
+        noise = float(np.sqrt(np.mean(table.reward_var(task_id))))
         lines.append(
-            f"{task_id:24s} {np.nanmax(pct):6.3f} {np.nanmedian(pct):6.3f} "
+            f"{task_id:24s} {np.nanmax(pct):6.3f} {np.nanmedian(pct):6.3f} {noise:6.3f} "
             f"{np.mean(table.status[t] != 0):6.3f} {np.mean(table.seconds[t]):7.3f}"
         )
     failed = float(np.mean(table.status != 0))
     lines.append(
-        f"all: {table.status.size} pairs, failed {failed:.4f}, mean {table.seconds.mean():.3f} s, "
+        f"all: {table.status.size} executions ({table.num_replicates} replicates), "
+        f"failed {failed:.4f}, mean {table.seconds.mean():.3f} s, "
         f"total {table.seconds.sum():.0f} s, startup {table.meta['startup_seconds']:.2f} s, "
         f"build {table.meta['build']['wall_seconds']:.0f} s"
     )
@@ -507,12 +608,15 @@ def summary(table: RecipeTable) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("build", help="execute every (task, recipe) pair")
+    p = sub.add_parser("build", help="execute every (task, recipe, replicate)")
     p.add_argument("--suite", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", default=None, help="comma-separated task ids")
     p.add_argument("--recipes", default=None, help="comma-separated recipe indices (estimates)")
+    p.add_argument(
+        "--replicates", type=int, default=REPLICATES, help="executions per (task, recipe)"
+    )
     p.add_argument(
         "--update",
         action="store_true",
@@ -533,9 +637,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"re-executing {only or 'nothing'}", file=sys.stderr)
             table = base.with_boards(args.suite)
             if only:
-                table = merge(table, build(args.suite, workers=args.workers, only=only))
+                fresh = build(
+                    args.suite, workers=args.workers, only=only, replicates=base.num_replicates
+                )
+                table = merge(table, fresh)
         else:
-            table = build(args.suite, workers=args.workers, only=only, indices=indices)
+            table = build(
+                args.suite,
+                workers=args.workers,
+                only=only,
+                indices=indices,
+                replicates=args.replicates,
+            )
         table.save(args.out)
     elif args.command == "refresh-boards":
         table = RecipeTable.load(args.table).with_boards(args.suite)
