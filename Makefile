@@ -21,7 +21,7 @@ study: $(STAMP)
 	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py --workdir=outputs/study_compute --readme=README.md
 
 controlled: $(STAMP)
-	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled
+	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled --readme=README.md
 
 embodied: $(STAMP)
 	$(PY) -m experiments.study_embodied --config=experiments/configs/embodied.py --workdir=outputs/embodied --readme=README.md

@@ -3,8 +3,10 @@ r"""The controlled study (the main job for now).
     python -m experiments.controlled --config=experiments/configs/controlled.py \
         --workdir=outputs/controlled
 
-Writes ``results.json`` (config, per-arm summary, per-step curves),
-``table.md`` and ``controlled.png`` into ``--workdir`` and prints the table.
+Writes ``results.json`` (config, per-arm summary, per-step curves, the
+blind-spot sweep), ``table.md`` and ``controlled.png`` into ``--workdir``
+and prints the tables; with ``--readme``, rewrites the README's controlled
+section between its markers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pathlib
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from wmrl_jax.readme import write_section
 from wmrl_jax.studies import controlled, report
 from wmrl_jax.train.summary import write_json
 
@@ -21,21 +24,37 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/controlled.py", "Study config.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", "outputs/controlled", "Where outputs go.")
+_README = flags.DEFINE_string("readme", None, "README to update between the controlled markers.")
 
 
-def run_and_report(config, workdir: str) -> dict:
-    """Runs the study and writes its outputs; returns the summary."""
+def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
+    """Runs the study and its blind-spot sweep, writes the outputs; returns the summary."""
     results = controlled.run_study(config)
     summary = controlled.summarize(results, config)
-    table = controlled.format_table(summary)
+    fraction = float(config.world_model.blind_spot_fraction)
+    sweep = controlled.run_sweep(config, known={fraction: summary})
+    table = (
+        f"At blind-spot fraction {fraction:.0%}, {config.num_seeds} seeds, "
+        f"{config.num_steps} updates per arm:\n\n{controlled.format_table(summary)}\n\n"
+        f"Final true reward over the blind-spot sweep (same seeds and updates):\n\n"
+        f"{controlled.format_sweep(sweep)}"
+    )
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     curves = {arm: {k: v.mean(0) for k, v in out.items()} for arm, out in results.items()}
     write_json(
         workdir / "results.json",
-        {"config": config.to_dict(), "summary": summary, "mean_curves": curves},
+        {
+            "config": config.to_dict(),
+            "summary": summary,
+            "mean_curves": curves,
+            "blind_spot_sweep": {str(f): s for f, s in sweep.items()},
+        },
     )
     (workdir / "table.md").write_text(table + "\n")
+    if readme:
+        command = "python -m experiments.controlled --config=experiments/configs/controlled.py"
+        write_section(readme, "controlled", f"`{command}`\n\n{table}")
     report.plot_study(results, config, workdir / "controlled.png")
     print(table)
     logging.info("Wrote %s", workdir)
@@ -45,7 +64,7 @@ def run_and_report(config, workdir: str) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    run_and_report(_CONFIG.value, _WORKDIR.value)
+    run_and_report(_CONFIG.value, _WORKDIR.value, _README.value)
 
 
 if __name__ == "__main__":

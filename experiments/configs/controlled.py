@@ -45,6 +45,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.correction.real_var_prior = 0.02
     config.correction.min_anchors = 16
 
+    # The WM's blind-spot fraction swept in one table (where each arm wins).
+    config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)
+
     config.smooth = 20
     config.target_fraction = 0.95
 
@@ -54,6 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.env.num_tasks = 16
         config.tasks_per_step = 10
         config.smooth = 5
+        config.blind_spot_sweep = (0.0, 0.15)
     elif arg:
         raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
     config.lock()

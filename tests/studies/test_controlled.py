@@ -16,6 +16,8 @@ from wmrl_jax.studies import controlled
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("controlled")
+    readme = workdir / "README.md"
+    readme.write_text("# x\n<!-- controlled:begin -->\nold\n<!-- controlled:end -->\ntail\n")
     proc = subprocess.run(
         [
             sys.executable,
@@ -23,6 +25,7 @@ def study(tmp_path_factory):
             "experiments.controlled",
             "--config=experiments/configs/controlled.py:runlocal",
             f"--workdir={workdir}",
+            f"--readme={readme}",
         ],
         capture_output=True,
         text=True,
@@ -43,6 +46,33 @@ def test_outputs_written(study):
     table = (workdir / "table.md").read_text()
     assert table.strip() in stdout
     assert all(f"| {arm} |" in table for arm in arms)
+
+
+def test_blind_spot_sweep_table_and_readme(study):
+    workdir, stdout = study
+    payload = json.loads((workdir / "results.json").read_text())
+    sweep = payload["blind_spot_sweep"]
+    assert set(sweep) == {"0.0", "0.15"}
+    # The config's own fraction is the main study, not a rerun.
+    assert sweep["0.15"] == payload["summary"]
+    assert (
+        sweep["0.0"]["wm_naive"]["final_true_reward"]
+        != sweep["0.15"]["wm_naive"]["final_true_reward"]
+    )
+    table = (workdir / "table.md").read_text()
+    assert "| 0% |" in table and "| 15% |" in table and "wins" in table
+    readme = (workdir / "README.md").read_text()
+    assert "old" not in readme and table.strip() in readme and readme.endswith("tail\n")
+
+
+def test_winners_are_the_best_arm_and_its_statistical_ties():
+    summary = {
+        "a": {"final_true_reward": 0.80, "final_true_reward_se": 0.01},
+        "b": {"final_true_reward": 0.78, "final_true_reward_se": 0.01},  # 0.02 < 2·0.014
+        "c": {"final_true_reward": 0.70, "final_true_reward_se": 0.01},
+    }
+    assert controlled.winners(summary) == ["a", "b"]
+    assert controlled.winners(summary, z=1.0) == ["a"]
 
 
 def test_study_claims(study):

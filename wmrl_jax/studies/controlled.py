@@ -17,6 +17,7 @@ real executions each arm spends to reach the final reward of ``real``.
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import NamedTuple
 
@@ -276,5 +277,62 @@ def format_table(summary: dict) -> str:
             f"| {fmt(row.get('executions_to_target'), '.0f')} "
             f"| {'—' if same is None and saving is None else fmt(same, '.0f')}"
             f"{f' ({saving:.1f}×)' if saving else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def run_sweep(config: ml_collections.ConfigDict, known: dict | None = None) -> dict[float, dict]:
+    """The study at each WM blind-spot fraction of `config.blind_spot_sweep`.
+
+    Args:
+      config: the study config.
+      known: `{fraction: summary}` already run (the main study's), not rerun.
+
+    Returns `{fraction: summary}` (`summarize` of every arm at that fraction).
+    """
+    out = {}
+    for fraction in config.blind_spot_sweep:
+        if known and float(fraction) in known:
+            out[float(fraction)] = known[float(fraction)]
+            continue
+        swept = copy.deepcopy(config)
+        with swept.unlocked():
+            swept.world_model.blind_spot_fraction = float(fraction)
+        out[float(fraction)] = summarize(run_study(swept), swept)
+    return out
+
+
+def winners(summary: dict, *, z: float = 2.0) -> list[str]:
+    """The arms whose final true reward is within `z` standard errors (of the difference)
+    of the best arm's: the winners, tied where the seeds cannot separate them."""
+    best = max(summary, key=lambda a: summary[a]["final_true_reward"])
+    top, top_se = summary[best]["final_true_reward"], summary[best]["final_true_reward_se"]
+    return [
+        arm
+        for arm, row in summary.items()
+        if top - row["final_true_reward"] <= z * np.hypot(top_se, row["final_true_reward_se"])
+    ]
+
+
+def format_sweep(sweep: dict[float, dict]) -> str:
+    """One markdown table: final true reward per arm (rows: blind-spot fraction) and the
+    winners (best final reward, and every arm within two standard errors of it)."""
+    arms = list(next(iter(sweep.values())))
+    spent = next(iter(sweep.values()))
+    lines = [
+        "Real executions per seed: "
+        + ", ".join(f"{a} {spent[a]['total_executions']:.0f}" for a in arms)
+        + ".",
+        "",
+        "| WM blind spots | " + " | ".join(arms) + " | wins (within 2 s.e. of the best) |",
+        "|---|" + "---|" * (len(arms) + 1),
+    ]
+    for fraction, summary in sweep.items():
+        cells = [
+            f"{summary[a]['final_true_reward']:.3f} ± {summary[a]['final_true_reward_se']:.3f}"
+            for a in arms
+        ]
+        lines.append(
+            f"| {fraction:.0%} | " + " | ".join(cells) + f" | {', '.join(winners(summary))} |"
         )
     return "\n".join(lines)
