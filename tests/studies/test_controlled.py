@@ -60,7 +60,7 @@ def test_blind_spot_sweep_table_and_readme(study):
         != sweep["0.15"]["wm_naive"]["final_true_reward"]
     )
     table = (workdir / "table.md").read_text()
-    assert "| 0% |" in table and "| 15% |" in table and "wins" in table
+    assert "| 0% |" in table and "| 15% |" in table and "wins among the arms" in table
     readme = (workdir / "README.md").read_text()
     assert "old" not in readme and table.strip() in readme and readme.endswith("tail\n")
 

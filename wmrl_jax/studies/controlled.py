@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -316,23 +317,28 @@ def winners(summary: dict, *, z: float = 2.0) -> list[str]:
 
 def format_sweep(sweep: dict[float, dict]) -> str:
     """One markdown table: final true reward per arm (rows: blind-spot fraction) and the
-    winners (best final reward, and every arm within two standard errors of it)."""
+    winners (best final reward, and every arm within two standard errors of it), over
+    all arms and over those that execute no more than `wmrl` (equal executions)."""
     arms = list(next(iter(sweep.values())))
     spent = next(iter(sweep.values()))
+    budget = spent["wmrl"]["total_executions"] if "wmrl" in spent else math.inf
     lines = [
         "Real executions per seed: "
         + ", ".join(f"{a} {spent[a]['total_executions']:.0f}" for a in arms)
         + ".",
         "",
-        "| WM blind spots | " + " | ".join(arms) + " | wins (within 2 s.e. of the best) |",
-        "|---|" + "---|" * (len(arms) + 1),
+        "| WM blind spots | " + " | ".join(arms) + " | wins (within 2 s.e. of the best) "
+        "| wins among the arms executing no more than `wmrl` |",
+        "|---|" + "---|" * (len(arms) + 2),
     ]
     for fraction, summary in sweep.items():
         cells = [
             f"{summary[a]['final_true_reward']:.3f} ± {summary[a]['final_true_reward_se']:.3f}"
             for a in arms
         ]
+        cheap = {a: r for a, r in summary.items() if r["total_executions"] <= budget}
         lines.append(
-            f"| {fraction:.0%} | " + " | ".join(cells) + f" | {', '.join(winners(summary))} |"
+            f"| {fraction:.0%} | " + " | ".join(cells) + f" | {', '.join(winners(summary))} "
+            f"| {', '.join(winners(cheap)) if cheap else '—'} |"
         )
     return "\n".join(lines)
