@@ -65,15 +65,6 @@ def rolled():
     return model, agent, tasks, ro
 
 
-def test_extract_program():
-    fenced = "Plan.\n```python\nprint(1)\n```\ntext\n```python\nx = 2\n```\nbye"
-    assert extract_program(fenced) == "x = 2\n"
-    assert extract_program("```py\na = 1\n```") == "a = 1\n"
-    assert extract_program("intro\n```python\nunclosed = 1\n") == "unclosed = 1\n"
-    assert extract_program("import numpy as np\nprint(2)") == "import numpy as np\nprint(2)"
-    assert extract_program("```\nnot python\n```") == "```\nnot python\n```"
-
-
 def test_middle_cut():
     assert middle_cut("abcdef", 10) == "abcdef"
     cut = middle_cut("abcdefghij", 4)

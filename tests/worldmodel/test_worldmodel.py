@@ -1,5 +1,7 @@
 """World-model prompts, answer parsing and the score-bin readout."""
 
+import ast
+import json
 import math
 import pathlib
 
@@ -7,10 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wmrl_jax.worldmodel import (
+    FAILURE_STATUSES,
     AnchorExample,
     combine,
+    failure_counts,
     mask_file_names,
     parse_wm_answer,
     render_wm_prompt,
@@ -70,7 +76,7 @@ def test_long_inputs_are_truncated_with_a_note():
     [
         ('ok {"valid_probability": 0.5, "percentile": 0.8}', "ok", 0.4),
         ("no json at all", "no_json", math.nan),
-        ('{"valid_probability": 0.9, "percentile": 0.', "no_json", math.nan),  # Truncated.
+        ('{"valid_probability": 0.9, "percentile": 0.', "truncated", math.nan),
         ('{"confidence": 0.9}', "missing_keys", math.nan),
         ('{"valid_probability": NaN, "percentile": 0.5}', "bad_value", math.nan),
         ('{"valid_probability": 1, "percentile": Infinity}', "bad_value", math.nan),
@@ -204,7 +210,7 @@ ANSWER = '{"valid_probability": 1, "percentile": 0.25}'
         ('{"valid_probability": 1e400, "percentile": 0.5}', "bad_value"),
         ("[" * 100_000 + "]" * 100_000, "no_json"),
         ('{"a": ' * 100_000 + "1" + "}" * 100_000, "missing_keys"),
-        ("{" * (1 << 20), "no_json"),
+        ("{" * (1 << 20), "truncated"),  # ends inside an object
         ("{" * (1 << 20) + ANSWER, "ok"),
         ('{"a": ' * 50_000 + ANSWER + "}" * 50_000, "ok"),  # the nested answer is still found
         ('{"valid_probability": 1, "percentile": 0.5, "why": {"a": [1, {"b": 2}]}}', "ok"),
@@ -250,3 +256,72 @@ def test_parsing_work_is_linear_in_the_text(monkeypatch):
         decoded.clear()
         parse_wm_answer(text)
         assert sum(decoded) <= 2 * len(text) + bound_extra, (text[:20], sum(decoded))
+
+
+# ---- golden answers, tolerated syntax, per-cause counts ----------------------------------
+
+GOLDEN_ANSWERS = json.loads((GOLDEN / "answers.json").read_text())
+
+
+@pytest.mark.parametrize("case", GOLDEN_ANSWERS, ids=[c["note"] for c in GOLDEN_ANSWERS])
+def test_golden_answers(case):
+    """Answers as chat models write them, with values read by hand."""
+    p = parse_wm_answer(case["text"], invalid_reward=-0.5)
+    assert p.status == case["status"]
+    assert p.clamped == case["clamped"]
+    if case["status"] == "ok":
+        vp, q = case["valid_probability"], case["percentile"]
+        assert (p.valid_probability, p.percentile) == pytest.approx((vp, q), abs=1e-12)
+        assert p.mean == pytest.approx(vp * q + (1 - vp) * -0.5, abs=1e-12)
+    else:
+        assert math.isnan(p.mean) and p.variance == math.inf
+
+
+def test_golden_answers_cover_every_failure_cause():
+    assert {c["status"] for c in GOLDEN_ANSWERS} == {"ok", *FAILURE_STATUSES}
+
+
+def test_failure_counts_over_a_batch():
+    preds = [parse_wm_answer(c["text"]) for c in GOLDEN_ANSWERS]
+    expected = {s: sum(c["status"] == s for c in GOLDEN_ANSWERS) for s in FAILURE_STATUSES}
+    assert failure_counts(preds) == expected
+    assert list(failure_counts([])) == list(FAILURE_STATUSES)
+    assert set(failure_counts([])).isdisjoint({"ok"}) and sum(failure_counts([]).values()) == 0
+    # Combined predictions keep the cause of their last answer when none is usable.
+    both = combine([parse_wm_answer("no idea"), parse_wm_answer('{"percentile": 0.')])
+    assert failure_counts([both]) == {**dict.fromkeys(FAILURE_STATUSES, 0), "truncated": 1}
+
+
+_printable = st.text(
+    alphabet=st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="{}"),
+    max_size=12,
+)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
+    _printable,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    extra=st.dictionaries(_printable, _scalars, max_size=4),
+    p=st.floats(0, 1),
+    q=st.floats(0, 1),
+    trailing_comma=st.booleans(),
+)
+def test_python_style_objects_read_as_python_reads_them(extra, p, q, trailing_comma):
+    """A dict written the way Python prints it (single quotes, True / None, maybe a
+    trailing comma) reads as `ast.literal_eval` reads it: the independent reference."""
+    answer = {k: v for k, v in extra.items() if k not in ("valid_probability", "percentile")}
+    answer.update(valid_probability=p, percentile=q)
+    text = repr(answer)
+    if trailing_comma:
+        text = text[:-1] + ",}"
+    reference = ast.literal_eval(text)
+    parsed = parse_wm_answer(f"My estimate: {text} (done)")
+    assert parsed.status == "ok"
+    assert parsed.valid_probability == reference["valid_probability"]
+    assert parsed.percentile == reference["percentile"]

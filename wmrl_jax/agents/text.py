@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.agents.base import AgentContext, Built, Capabilities, Rollout, WMOutput
+from wmrl_jax.agents.programs import extract_program, find_program  # noqa: F401 (re-exported)
 from wmrl_jax.envs.grading import DEFAULT_FLOORS
 from wmrl_jax.models.api import left_pad
 from wmrl_jax.models.sampler import sample
@@ -41,24 +41,6 @@ SOLVER_SYSTEM = (
     "You are an expert machine-learning engineer. You write one complete, correct and "
     "efficient Python program that solves a data-science task."
 )
-_CODE_BLOCK = re.compile(r"```(?:python3?|py)[ \t]*\n", re.IGNORECASE)
-
-
-def extract_program(text: str) -> str:
-    """The last fenced Python block of `text`; the whole text when there is none.
-
-    An unclosed last block (generation cut by the token budget) runs to the end.
-
-    Example:
-        >>> extract_program("Plan.\\n```python\\nprint(1)\\n```\\nDone.")
-        'print(1)\\n'
-    """
-    openers = list(_CODE_BLOCK.finditer(text))
-    if not openers:
-        return text
-    body = text[openers[-1].end() :]
-    end = body.find("```")
-    return body if end == -1 else body[:end]
 
 
 def middle_cut(text: str, keep: int) -> str:

@@ -2,15 +2,18 @@
 
 * `render_wm_prompt` / `mask_file_names`: chat messages for a real LLM WM.
 * `parse_wm_answer` / `combine` / `to_arrays`: robust parsing of its answers
-  into predictions with variances (unusable answers: NaN mean, inf variance).
+  into predictions with variances (unusable answers: NaN mean, inf variance);
+  `failure_counts`: why answers were unusable, per cause, over a batch.
 * `score_bin_readout`: expected score and variance from score-bin tokens,
   for small models.
 """
 
 from wmrl_jax.worldmodel.parsing import (
+    FAILURE_STATUSES,
     STATUSES,
     WMPrediction,
     combine,
+    failure_counts,
     parse_wm_answer,
     to_arrays,
 )
@@ -24,11 +27,13 @@ from wmrl_jax.worldmodel.readout import bin_centres, score_bin_readout
 
 __all__ = [
     "ANSWER_KEYS",
+    "FAILURE_STATUSES",
     "STATUSES",
     "AnchorExample",
     "WMPrediction",
     "bin_centres",
     "combine",
+    "failure_counts",
     "mask_file_names",
     "parse_wm_answer",
     "render_wm_prompt",

@@ -2,11 +2,35 @@
 
 An answer is parsed, never trusted: the last JSON object in the text that
 holds the answer keys wins (reasoning and drafts before it are ignored),
-numbers are clamped to [0, 1], and anything unusable (no JSON, missing keys,
-non-numeric or non-finite values, numbers too large for a float, output
-truncated mid-object, nesting deeper than the decoder allows) becomes a
-prediction with NaN mean and infinite variance, which the reward correction
-treats as "no prediction" instead of crashing.
+numbers are clamped to [0, 1], and anything unusable becomes a prediction
+with NaN mean and infinite variance, which the reward correction treats as
+"no prediction" instead of crashing. Why an answer is unusable is its status
+(`FAILURE_STATUSES`), counted over a batch by `failure_counts`:
+
+* "no_json": no object at all (prose only);
+* "truncated": no complete answer, and the text ends inside an object (an
+  opening brace after the last closing one: the token budget cut it);
+* "missing_keys": objects, none with both answer keys;
+* "bad_value": the answer object's values are not numbers (text, booleans,
+  NaN, infinities, numbers too large for a float).
+
+What is tolerated, as chat models write it:
+
+* prose, reasoning and code fences around the object;
+* numbers as strings, "0.7";
+* percentages with a percent sign, "70%" or 70% (= 0.70). A bare 70 is a
+  number outside [0, 1]: it is clamped to 1 and the prediction is flagged
+  `clamped` (reported as a count), not read as a percentage, because no
+  threshold tells a percentage from an out-of-range probability;
+* in objects without nested braces, Python- or JavaScript-style syntax:
+  single-quoted strings, unquoted keys, a trailing comma, True / False /
+  None. These are the drifts seen from small chat models; each costs one
+  anchored token scan of a span that strict JSON already rejected, so the
+  work stays linear.
+
+Nothing else is guessed (no key synonyms, no "key: value" lines outside
+braces): a wrong guess would feed the reward correction a number the model
+did not mean.
 
 The search takes time linear in the text's length, whatever the text: the
 candidates are (a) every brace-free `{...}` span (disjoint, found by one
@@ -26,23 +50,43 @@ sampled answers combine by the law of total variance (`combine`).
 
 from __future__ import annotations
 
+import ast
+import collections
 import dataclasses
 import json
 import math
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from wmrl_jax.worldmodel.prompts import ANSWER_KEYS
 
-STATUSES = ("ok", "no_json", "missing_keys", "bad_value")
+STATUSES = ("ok", "no_json", "truncated", "missing_keys", "bad_value")
+FAILURE_STATUSES = STATUSES[1:]
 # Integers as floats: a 5000-digit integer is then infinite (unusable), not a ValueError.
 _DECODER = json.JSONDecoder(parse_int=float)
 _FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
 # Bounds of the nested-object search (b); an answer object is a few hundred characters.
 MAX_TAIL_STARTS = 64
 MAX_OBJECT_CHARS = 1 << 16
+_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+_NUMBER_TEXT = re.compile(rf"\s*({_NUMBER})\s*(%?)\s*")
+# One token of a lenient object, matched anchored at a position. Each alternative
+# starts with a distinct character class and its repetitions are unambiguous, so
+# a match costs at most the token's length.
+_TOKEN = re.compile(
+    rf"""\s*(?:
+      (?P<dq>"(?:[^"\\\n]|\\.)*")
+    | (?P<sq>'(?:[^'\\\n]|\\.)*')
+    | (?P<num>{_NUMBER}(?:[ \t]*%)?)
+    | (?P<word>[A-Za-z_]\w*)
+    | (?P<punct>[{{}}:,])
+    )""",
+    re.VERBOSE,
+)
+_WORDS = {"true": True, "True": True, "false": False, "False": False, "null": None, "None": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,12 +127,10 @@ def _number(value) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        text = value.strip()
-        scale = 100.0 if text.endswith("%") else 1.0
-        try:
-            value = float(text.rstrip("%")) / scale
-        except ValueError:
+        match = _NUMBER_TEXT.fullmatch(value)
+        if match is None:  # also "nan", "inf", "1_000", "0x1": not numbers an answer writes
             return None
+        value = float(match[1]) / (100.0 if match[2] else 1.0)
     if not isinstance(value, int | float):
         return None
     try:
@@ -106,12 +148,62 @@ def _decode(text: str, start: int, end: int):
         return None
 
 
+def _lenient_value(kind: str, token: str):
+    if kind == "dq":
+        return json.loads(token)  # ValueError on bad escapes or control characters
+    if kind == "sq":
+        with (
+            warnings.catch_warnings()
+        ):  # "\d": an invalid escape warns, and reads as Python reads it
+            warnings.simplefilter("ignore")
+            return ast.literal_eval(token)  # a Python string literal
+    if kind == "num":
+        return token  # `_number` reads numeric strings, percent signs included
+    return _WORDS.get(token, {"NaN": math.nan, "Infinity": math.inf}.get(token, token))
+
+
+def _lenient_object(span: str) -> dict | None:
+    """A flat object in relaxed syntax (module docstring), or None.
+
+    `span` is brace-free inside its outer braces; the grammar is
+    `{ (key : value ,)* [key : value] }` with keys quoted either way or bare
+    words and scalar values only.
+    """
+    tokens, position = [], 0
+    while True:
+        match = _TOKEN.match(span, position)
+        if match is None or match.end() == position:
+            break
+        tokens.append((match.lastgroup, match[match.lastgroup]))
+        position = match.end()
+    if span[position:].strip() or len(tokens) < 2 or tokens[0][1] != "{" or tokens[-1][1] != "}":
+        return None
+    out, body = {}, tokens[1:-1]
+    try:
+        while body:
+            if len(body) < 3 or body[0][0] == "punct" or body[1][1] != ":":
+                return None
+            (kkind, key), _, (vkind, value), *body = body
+            if kkind == "num" or vkind == "punct":
+                return None
+            out[_lenient_value(kkind, key)] = _lenient_value(vkind, value)
+            if body:
+                if body[0][1] != ",":
+                    return None
+                body = body[1:]
+    except (ValueError, SyntaxError):  # a bad escape or a control character in a string
+        return None
+    return out
+
+
 def _objects(text: str) -> list[tuple[int, dict]]:
     """(start, object) of the candidate JSON objects in `text` (module docstring), any order."""
     found = []
     for match in _FLAT_OBJECT.finditer(text):
         if match.end() - match.start() <= MAX_OBJECT_CHARS:
             value = _decode(text, match.start(), match.end())
+            if not isinstance(value, dict):
+                value = _lenient_object(match[0])
             if isinstance(value, dict):
                 found.append((match.start(), value))
     position = len(text)
@@ -144,6 +236,8 @@ def parse_wm_answer(text: str, *, invalid_reward: float = 0.0) -> WMPrediction:
     objects = _objects(text)
     answers = [(start, o) for start, o in objects if all(k in o for k in ANSWER_KEYS)]
     if not answers:
+        if text.rfind("{") > text.rfind("}"):
+            return _unusable("truncated", text)
         return _unusable("missing_keys" if objects else "no_json", text)
     obj = max(answers, key=lambda pair: pair[0])[1]
     p, q = _number(obj[ANSWER_KEYS[0]]), _number(obj[ANSWER_KEYS[1]])
@@ -186,6 +280,19 @@ def combine(predictions: Sequence[WMPrediction]) -> WMPrediction:
         samples=len(predictions),
         raw_text=last,
     )
+
+
+def failure_counts(predictions: Iterable[WMPrediction]) -> dict[str, int]:
+    """How many of `predictions` failed for each cause; every cause is present.
+
+    For per-cause metrics (`wm/parse_fail/<cause>`) that exist at every step.
+
+    Example:
+      >>> failure_counts([parse_wm_answer("no idea"), parse_wm_answer('{"percentile": 0.5')])
+      {'no_json': 1, 'truncated': 1, 'missing_keys': 0, 'bad_value': 0}
+    """
+    counts = collections.Counter(p.status for p in predictions)
+    return {status: counts[status] for status in FAILURE_STATUSES}
 
 
 def to_arrays(predictions: Sequence[WMPrediction]) -> tuple[np.ndarray, np.ndarray]:
