@@ -21,6 +21,10 @@ When the wrapper around the program dies first (the program killed it, or
 the OOM killer picked it in a fork bomb), what it left may hold the output
 stream open: after `STREAM_GRACE_S` the container is stopped and the result
 is the wrapper's status ("killed"), without output files.
+
+With `gpus=...` each container also gets GPUs through the engine's device
+requests, and nothing else changes (see `gpus` for what is enforced); where
+the engine has no GPU runtime every run is an "infra_error" saying so.
 """
 
 import io
@@ -34,6 +38,7 @@ import threading
 import time
 import uuid
 
+from wmrl_jax.sandbox import gpus as gpus_lib
 from wmrl_jax.sandbox.files import InputError, copy_input, input_files
 from wmrl_jax.sandbox.result import (
     INPUT_NAME,
@@ -246,14 +251,34 @@ class DockerExecutor(BaseExecutor):
     Args:
         image: the sandbox image; default `wmrl-sandbox:<version>`, built by
             `python -m wmrl_jax.sandbox.image`. Any image with python3 works.
-        limits: resource limits (`Limits`).
+        limits: resource limits (`Limits`); with GPUs the default is `gpus.GPU_LIMITS`
+            (32 GiB of memory, 4 CPUs, 4096 processes and threads, 2 GiB tmpfs).
         timeout_s: default wall-clock timeout, enforced from the host.
         max_workers: threads behind `submit`.
         client: a `docker.DockerClient`; default `docker.from_env()`.
         api_timeout_s: timeout of each engine API call.
+        gpus: GPUs of each container (see `gpus.parse_gpus`): None or 0 for
+            none, a count n (devices 0..n-1), "all", or device ids ("0,1",
+            ["GPU-..."]). With GPUs the default image is the CUDA variant
+            (`python -m wmrl_jax.sandbox.image --variant=cuda`). GPU programs
+            need more processes (threads) and memory than CPU programs.
+        gpus_per_program: hand each running program its own `gpus_per_program`
+            of the `gpus` devices (disjoint, waiting while all are taken);
+            None: every program gets all of `gpus`, shared.
+        gpu_memory_fraction: advisory per-program cap on each device's memory
+            (`XLA_PYTHON_CLIENT_MEM_FRACTION` and `WMRL_GPU_MEMORY_FRACTION` in
+            the program's environment); None leaves the frameworks' defaults.
+        probe_gpus: start one probe container with the GPU request now, so that
+            an engine without a GPU runtime is known before any run
+            (`gpu_refusal`); runs whose start fails are answered the same way.
+
+    Attributes:
+        gpu_refusal: why the engine cannot give containers the requested GPUs,
+            or None; when set, every `run` returns an "infra_error" with it.
 
     Raises:
         InfraError: no engine answers, or the image is missing.
+        ValueError, TypeError: a bad `gpus`, `gpus_per_program` or `gpu_memory_fraction`.
     """
 
     def __init__(
@@ -265,17 +290,30 @@ class DockerExecutor(BaseExecutor):
         max_workers: int | None = None,
         client=None,
         api_timeout_s: float = 600.0,
+        gpus=None,
+        gpus_per_program: int | None = None,
+        gpu_memory_fraction: float | None = None,
+        probe_gpus: bool = True,
     ):
         import docker
 
         super().__init__(max_workers=max_workers)
+        self.gpus = gpus_lib.parse_gpus(gpus)
+        self.gpu_memory_fraction = gpus_lib.check_memory_fraction(gpu_memory_fraction)
+        self._leases = None
+        groups = [self.gpus]
+        if gpus_per_program is not None:
+            if self.gpus is None:
+                raise ValueError("gpus_per_program needs gpus")
+            groups = gpus_lib.split_devices(self.gpus, gpus_per_program)
+            self._leases = gpus_lib.GpuLeases(groups)
         if image is None:
             # Imported here so that `python -m wmrl_jax.sandbox.image` finds it unloaded.
             from wmrl_jax.sandbox.image import default_image
 
-            image = default_image()
+            image = default_image("cpu" if self.gpus is None else "cuda")
         self.image = image
-        self.limits = limits or Limits()
+        self.limits = limits or (Limits() if self.gpus is None else gpus_lib.GPU_LIMITS)
         self.timeout_s = check_timeout(timeout_s)
         try:
             self.client = client or docker.from_env(timeout=int(api_timeout_s))
@@ -285,17 +323,29 @@ class DockerExecutor(BaseExecutor):
         try:
             image_id = self.client.images.get(self.image).id
         except docker.errors.ImageNotFound as e:
+            variant = "" if self.gpus is None else " --variant=cuda"
             raise InfraError(
-                f"image {self.image} is missing; build it with `python -m wmrl_jax.sandbox.image`"
-                " (or pass an image that has python3)"
+                f"image {self.image} is missing; build it with"
+                f" `python -m wmrl_jax.sandbox.image{variant}` (or pass an image that has python3)"
             ) from e
         self.environment = f"docker:{self.image}@{image_id}"
+        if self.gpus is not None:  # a program may behave differently with a GPU
+            per = f"/{gpus_per_program}" if gpus_per_program else ""
+            self.environment += f"+gpus={self.gpus.spec()}{per}"
         # Labels this executor's containers, so that leftovers can be found.
         self.token = uuid.uuid4().hex
         self._live: set[str] = set()
         self._lock = threading.Lock()
+        self.gpu_refusal: str | None = None
+        if self.gpus is not None and probe_gpus:
+            self.gpu_refusal = gpus_lib.gpu_refusal(
+                self.client, self.image, groups[0], labels={LABEL: self.token}
+            )
+            if self.gpu_refusal:
+                log.warning("every run will be an infra_error: %s", self.gpu_refusal)
 
-    def _host_config(self, input_dir, code_dir: str) -> dict:
+    def _host_config(self, input_dir, code_dir: str, gpu=None) -> dict:
+        """`containers.create` keywords; `gpu` (a `gpus.GpuRequest`) adds its device request."""
         import docker
 
         lim = self.limits
@@ -330,6 +380,11 @@ class DockerExecutor(BaseExecutor):
             ],
             log_config=docker.types.LogConfig(type="none"),
             labels={LABEL: self.token},
+            **(
+                dict(device_requests=[gpu.device_request()])
+                if gpu is not None
+                else dict(environment=dict(gpus_lib.NO_GPU_ENV))
+            ),
         )
 
     def run(self, source, *, input_dir=None, timeout_s=None, files=None) -> ExecutionResult:
@@ -343,6 +398,16 @@ class DockerExecutor(BaseExecutor):
         timeout = check_timeout(self.timeout_s if timeout_s is None else timeout_s)
         extra = check_files(files)
         check_input_dir(input_dir)
+        if self.gpu_refusal is not None:
+            return infra_error(self.gpu_refusal)
+        if self._leases is None:
+            return self._run(source, input_dir, timeout, extra, self.gpus)
+        with self._leases.lease() as gpu:
+            return self._run(source, input_dir, timeout, extra, gpu)
+
+    def _run(self, source, input_dir, timeout: float, extra: dict, gpu) -> ExecutionResult:
+        import docker
+
         start = time.monotonic()
         container = None
         code_dir = tempfile.mkdtemp(prefix="wmrl-docker-")
@@ -352,12 +417,21 @@ class DockerExecutor(BaseExecutor):
             code = os.path.join(code_dir, "code")
             os.mkdir(code)
             _write_code(code, {PROGRAM_NAME: source.encode(), **extra})
-            config = self._host_config(_readable_input(input_dir, staging), code)
+            config = self._host_config(_readable_input(input_dir, staging), code, gpu)
             container = self.client.containers.create(self.image, **config)
             with self._lock:
                 self._live.add(container.id)
-            container.start()
-            return self._execute(container, start + timeout, start)
+            try:
+                container.start()
+            except docker.errors.APIError as e:
+                if gpu is None or not gpus_lib.is_gpu_failure(e):
+                    raise
+                return infra_error(
+                    gpus_lib.refusal_message(self.client, gpu, e),
+                    wall_seconds=time.monotonic() - start,
+                )
+            env = {**_ENV, **gpus_lib.program_environment(gpu, self.gpu_memory_fraction)}
+            return self._execute(container, start + timeout, start, env)
         except InputError:  # the caller's input, refused before anything ran
             raise
         except Exception as e:  # the program's failures are results; these are the engine's
@@ -380,13 +454,13 @@ class DockerExecutor(BaseExecutor):
         with self._lock:
             self._live.discard(container_id)
 
-    def _execute(self, container, deadline: float, start: float) -> ExecutionResult:
+    def _execute(self, container, deadline: float, start: float, env: dict) -> ExecutionResult:
         import docker
 
         api = self.client.api
         exec_id = api.exec_create(
             container.id, ["/bin/sh", "-c", COMMAND], user=f"{USER}:{USER}", workdir=WORK_DIR,
-            environment=_ENV,
+            environment=env,
         )["Id"]  # fmt: skip
         stream = _Stream(api, exec_id, self.limits.tail_bytes)
         timed_out = not _wait_exec(api, exec_id, stream.reader, deadline)
