@@ -59,6 +59,8 @@ def test_a_program_round_trips_bare_crlf_and_indented():
             f"   {line}" if line.strip() else line for line in source.splitlines(True)
         )
         assert find_program(f"1. The code:\n   ```python\n{indented}   ```\n").source == source
+        tabbed = "".join(f"\t{line}" if line.strip() else line for line in source.splitlines(True))
+        assert find_program(f"-\n\t~~~python\n{tabbed}\t~~~\n").source == source
 
 
 def test_mid_line_opener_and_inline_code():

@@ -12,7 +12,7 @@ the line (``Here it is: ```python``). A block closes at a line holding only a
 fence of the same character at least as long as its opener; a block left open
 (generation cut by the token budget) runs to the end of the text. Lines of an
 indented block (a fence inside a list item) lose up to the opener's
-indentation, as Markdown renders them.
+indentation (spaces or tabs), as Markdown renders them.
 
 The rule. Blocks tagged Python (``python``, ``py``, ``python3``, ``py3``,
 ``python3.11``, any case) or untagged are candidates; blocks tagged with
@@ -51,10 +51,10 @@ from typing import NamedTuple
 PROGRAM_CAUSES = ("ok", "empty", "no_code", "syntax_error")
 
 _PYTHON_TAG = re.compile(r"(?:python|py)(?:\d[\d.]*)?", re.IGNORECASE)
-# One pass over the text. `line`: a line that starts (after indentation) with a fence
-# run; `mid`: a backtick opener with a Python tag ending a line of prose. Every
-# quantifier stays inside one line and is followed by `$` or a fixed string, so a
-# failed attempt costs at most the line it started on.
+# One pass over the text. First alternative: a line that starts (after indentation)
+# with a fence run; `mid`: a backtick opener with a Python tag ending a line of prose.
+# No quantifier crosses a line end, and none can be split two ways before a required
+# part, so an attempt at a position costs at most the rest of its line.
 _FENCE = re.compile(
     r"^(?P<indent>[ \t]*)(?P<run>`{3,}|~{3,})(?P<info>[^\n]*)$"
     r"|(?P<mid>```)(?P<midtag>(?:python|py)(?:\d[\d.]*)?)[ \t]*\r?$",
@@ -81,17 +81,12 @@ class ProgramParse(NamedTuple):
         return self.cause == "ok"
 
 
-class _Block(NamedTuple):
-    body: str
-    tag: str  # lower-cased language tag, "" when untagged
-
-
 def _dedent(body: str, indent: int) -> str:
-    """Strips up to `indent` leading spaces from every line of `body`."""
+    """Strips up to `indent` leading spaces or tabs from every line of `body`."""
     if indent == 0:
         return body
     lines = body.split("\n")
-    return "\n".join(line[min(indent, len(line) - len(line.lstrip(" "))) :] for line in lines)
+    return "\n".join(line[min(indent, len(line) - len(line.lstrip(" \t"))) :] for line in lines)
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
@@ -101,7 +96,7 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
         >>> fenced_blocks("a\\n~~~py\\nx = 1\\n~~~\\n```\\ny = 2")
         [('py', 'x = 1\\n'), ('', 'y = 2')]
     """
-    blocks: list[_Block] = []
+    blocks: list[tuple[str, str]] = []
     opener = None  # (fence character, run length, indentation, tag, body start)
     for m in _FENCE.finditer(text):
         start = min(m.end() + 1, len(text))  # the line after the fence
@@ -113,18 +108,18 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
             if m["run"][0] == "`" and "`" in info:
                 continue  # inline code such as ```x```, not a fence
             tag = _TAG.match(info)[0].lower()
-            opener = (m["run"][0], len(m["run"]), len(m["indent"].expandtabs(4)), tag, start)
+            opener = (m["run"][0], len(m["run"]), len(m["indent"]), tag, start)
         elif (
             m["run"]
             and m["run"][0] == opener[0]
             and len(m["run"]) >= opener[1]
             and not m["info"].strip()
         ):
-            blocks.append(_Block(_dedent(text[opener[4] : m.start()], opener[2]), opener[3]))
+            blocks.append((opener[3], _dedent(text[opener[4] : m.start()], opener[2])))
             opener = None
     if opener is not None:  # unclosed: the generation was cut, the block runs to the end
-        blocks.append(_Block(_dedent(text[opener[4] :], opener[2]), opener[3]))
-    return [(b.tag, b.body) for b in blocks]
+        blocks.append((opener[3], _dedent(text[opener[4] :], opener[2])))
+    return blocks
 
 
 def _does_something(tree: ast.Module) -> bool:
