@@ -7,6 +7,7 @@ is `launch/gpu_sandbox_check.sh` on a GPU machine).
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from tests.sandbox.conftest import TEST_LIMITS
 from wmrl_jax.sandbox import (
     DockerExecutor,
     InfraError,
+    InputError,
     Limits,
     LocalExecutor,
     WeakIsolationWarning,
@@ -214,7 +216,7 @@ def _refusing_executor(image, **kwargs) -> DockerExecutor:
     return ex
 
 
-def test_no_gpu_runtime_is_an_infra_error_known_up_front(docker_available, create_calls):
+def test_no_gpu_runtime_is_an_infra_error_known_up_front(docker_available, create_calls, tmp_path):
     ex = _refusing_executor(docker_available, gpus=1)
     try:
         assert "the Docker engine has no GPU runtime" in ex.gpu_refusal
@@ -231,6 +233,10 @@ def test_no_gpu_runtime_is_an_infra_error_known_up_front(docker_available, creat
         assert result.message == ex.gpu_refusal and result.stdout == ""
         assert len(create_calls) == 1  # no container for the run
         assert not _leftovers(ex)
+        # A bad input is still the caller's error, not the engine's.
+        (tmp_path / "leak").symlink_to("/etc/hostname")
+        with pytest.raises(InputError):
+            ex.run("print('ran')", input_dir=tmp_path)
     finally:
         ex.close()
 
@@ -268,7 +274,10 @@ def test_gpu_request_keeps_the_lockdown_and_fails_at_start(docker_available, cre
 
 def test_gpu_executors_default_to_gpu_limits(docker_available):
     with DockerExecutor(docker_available, gpus="all", probe_gpus=False) as ex:
-        assert ex.limits == GPU_LIMITS and ex.limits.pids > Limits().pids
+        # No more CPUs than the engine has: it refuses a larger quota.
+        cpus = min(GPU_LIMITS.cpus, ex.client.info()["NCPU"])
+        assert ex.limits == dataclasses.replace(GPU_LIMITS, cpus=cpus)
+        assert ex.limits.pids > Limits().pids
     with DockerExecutor(docker_available, gpus=1, probe_gpus=False, limits=TEST_LIMITS) as ex:
         assert ex.limits == TEST_LIMITS
     with DockerExecutor(docker_available) as ex:

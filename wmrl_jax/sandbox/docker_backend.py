@@ -252,7 +252,8 @@ class DockerExecutor(BaseExecutor):
         image: the sandbox image; default `wmrl-sandbox:<version>`, built by
             `python -m wmrl_jax.sandbox.image`. Any image with python3 works.
         limits: resource limits (`Limits`); with GPUs the default is `gpus.GPU_LIMITS`
-            (32 GiB of memory, 4 CPUs, 4096 processes and threads, 2 GiB tmpfs).
+            (32 GiB of memory, 4 CPUs or the engine's number if fewer, 4096
+            processes and threads, 2 GiB tmpfs).
         timeout_s: default wall-clock timeout, enforced from the host.
         max_workers: threads behind `submit`.
         client: a `docker.DockerClient`; default `docker.from_env()`.
@@ -313,7 +314,7 @@ class DockerExecutor(BaseExecutor):
 
             image = default_image("cpu" if self.gpus is None else "cuda")
         self.image = image
-        self.limits = limits or (Limits() if self.gpus is None else gpus_lib.GPU_LIMITS)
+        self.limits = limits or Limits()
         self.timeout_s = check_timeout(timeout_s)
         try:
             self.client = client or docker.from_env(timeout=int(api_timeout_s))
@@ -329,6 +330,8 @@ class DockerExecutor(BaseExecutor):
                 f" `python -m wmrl_jax.sandbox.image{variant}` (or pass an image that has python3)"
             ) from e
         self.environment = f"docker:{self.image}@{image_id}"
+        if self.gpus is not None and limits is None:
+            self.limits = gpus_lib.gpu_limits(self.client)
         if self.gpus is not None:  # a program may behave differently with a GPU
             per = f"/{gpus_per_program}" if gpus_per_program else ""
             self.environment += f"+gpus={self.gpus.spec()}{per}"
@@ -399,6 +402,8 @@ class DockerExecutor(BaseExecutor):
         extra = check_files(files)
         check_input_dir(input_dir)
         if self.gpu_refusal is not None:
+            if input_dir is not None:  # the caller's mistakes are still raised as such
+                input_files(os.path.realpath(input_dir))
             return infra_error(self.gpu_refusal)
         if self._leases is None:
             return self._run(source, input_dir, timeout, extra, self.gpus)
@@ -418,10 +423,10 @@ class DockerExecutor(BaseExecutor):
             os.mkdir(code)
             _write_code(code, {PROGRAM_NAME: source.encode(), **extra})
             config = self._host_config(_readable_input(input_dir, staging), code, gpu)
-            container = self.client.containers.create(self.image, **config)
-            with self._lock:
-                self._live.add(container.id)
             try:
+                container = self.client.containers.create(self.image, **config)
+                with self._lock:
+                    self._live.add(container.id)
                 container.start()
             except docker.errors.APIError as e:
                 if gpu is None or not gpus_lib.is_gpu_failure(e):

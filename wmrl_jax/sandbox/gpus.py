@@ -235,6 +235,18 @@ class GpuLeases:
                 self._cond.notify()
 
 
+def gpu_limits(client) -> Limits:
+    """`GPU_LIMITS` with no more CPUs than the engine's machine has (it refuses more)."""
+    try:
+        cpus = int(client.info().get("NCPU") or 0)
+    except Exception as e:  # keep the default; the engine says so at the first run
+        log.warning("could not read the engine's CPU count: %s", e)
+        cpus = 0
+    if 0 < cpus < GPU_LIMITS.cpus:
+        return dataclasses.replace(GPU_LIMITS, cpus=float(cpus))
+    return GPU_LIMITS
+
+
 def program_environment(request: GpuRequest | None, memory_fraction: float | None) -> dict:
     """Variables the program's exec gets: its devices, and the advisory memory cap."""
     if request is None:
