@@ -201,6 +201,10 @@ def test_readout_errors():
 ANSWER = '{"valid_probability": 1, "percentile": 0.25}'
 
 
+def _repeat_to_1mib(span: str) -> str:
+    return " ".join([span] * ((1 << 20) // (len(span) + 1)))
+
+
 @pytest.mark.parametrize(
     "text, status",
     [
@@ -216,6 +220,17 @@ ANSWER = '{"valid_probability": 1, "percentile": 0.25}'
         ('{"valid_probability": 1, "percentile": 0.5, "why": {"a": [1, {"b": 2}]}}', "ok"),
         ('{"valid_probability": 1, "percentile": 0.5, "note": "}"}', "ok"),
         ("\0\ud800" + '"' * 1000 + "{}" * 1000, "missing_keys"),
+        # The relaxed syntax: spans of thousands of pairs, a megabyte of them.
+        (
+            _repeat_to_1mib("{" + ",".join(f"k{i}: {i}%" for i in range(5000)) + ",}"),
+            "missing_keys",
+        ),
+        (
+            _repeat_to_1mib("{" + ",".join(f"'k{i}': 'v\\n'" for i in range(4000)) + "}"),
+            "missing_keys",
+        ),
+        ("{'valid_probability': '" + "x" * (1 << 20), "truncated"),
+        ("{'a': 1" + ", 'b" * 100_000 + "}", "no_json"),
     ],
     ids=[
         "400-digit-int",
@@ -230,6 +245,10 @@ ANSWER = '{"valid_probability": 1, "percentile": 0.25}'
         "answer-with-nested-values",
         "brace-inside-a-string",
         "odd-characters",
+        "1MiB-of-bare-key-pairs",
+        "1MiB-of-escaped-strings",
+        "unterminated-single-quote",
+        "unterminated-keys",
     ],
 )
 def test_adversarial_answers_are_unusable_not_crashes(text, status):

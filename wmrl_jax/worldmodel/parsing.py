@@ -86,7 +86,8 @@ _TOKEN = re.compile(
     )""",
     re.VERBOSE,
 )
-_WORDS = {"true": True, "True": True, "false": False, "False": False, "null": None, "None": None}
+_WORDS = {"true": True, "True": True, "false": False, "False": False, "null": None,
+          "None": None, "NaN": math.nan, "Infinity": math.inf}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +153,16 @@ def _lenient_value(kind: str, token: str):
     if kind == "dq":
         return json.loads(token)  # ValueError on bad escapes or control characters
     if kind == "sq":
-        with (
-            warnings.catch_warnings()
-        ):  # "\d": an invalid escape warns, and reads as Python reads it
+        if "\\" not in token:
+            return token[1:-1]
+        # A Python string literal with escapes; an invalid one such as "\d" warns, then
+        # reads as Python reads it.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return ast.literal_eval(token)  # a Python string literal
+            return ast.literal_eval(token)
     if kind == "num":
         return token  # `_number` reads numeric strings, percent signs included
-    return _WORDS.get(token, {"NaN": math.nan, "Infinity": math.inf}.get(token, token))
+    return _WORDS.get(token, token)  # another bare word: a string, a bad value
 
 
 def _lenient_object(span: str) -> dict | None:
@@ -178,19 +181,20 @@ def _lenient_object(span: str) -> dict | None:
         position = match.end()
     if span[position:].strip() or len(tokens) < 2 or tokens[0][1] != "{" or tokens[-1][1] != "}":
         return None
-    out, body = {}, tokens[1:-1]
+    out, i, end = {}, 1, len(tokens) - 1  # tokens[end] is the closing brace
     try:
-        while body:
-            if len(body) < 3 or body[0][0] == "punct" or body[1][1] != ":":
+        while i < end:
+            if i + 2 >= end or tokens[i + 1][1] != ":":
                 return None
-            (kkind, key), _, (vkind, value), *body = body
-            if kkind == "num" or vkind == "punct":
+            (kkind, key), (vkind, value) = tokens[i], tokens[i + 2]
+            if kkind in ("num", "punct") or vkind == "punct":
                 return None
             out[_lenient_value(kkind, key)] = _lenient_value(vkind, value)
-            if body:
-                if body[0][1] != ",":
+            i += 3
+            if i < end:  # a comma, possibly the trailing one
+                if tokens[i][1] != ",":
                     return None
-                body = body[1:]
+                i += 1
     except (ValueError, SyntaxError):  # a bad escape or a control character in a string
         return None
     return out
