@@ -6,7 +6,7 @@
 # Container Toolkit (its nvidia-container-runtime-hook on the engine's PATH).
 #
 #   launch/gpu_sandbox_check.sh                          # 1 GPU per program
-#   launch/gpu_sandbox_check.sh --gpus=all --per-program=1 --memory-fraction=0.5
+#   launch/gpu_sandbox_check.sh --gpus=2 --per-program=1 --memory-fraction=0.5
 #
 # Arguments go to `python -m wmrl_jax.sandbox.gpu_check`. PYTHON picks the
 # interpreter (default: .venv/bin/python, else python3). Exit status 0 when

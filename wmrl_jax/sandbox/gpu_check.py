@@ -1,7 +1,7 @@
 """Check GPU sandboxes on a GPU machine: a sandboxed program sees its GPUs, nothing else changes.
 
     python -m wmrl_jax.sandbox.gpu_check                 # 1 GPU, the CUDA image
-    python -m wmrl_jax.sandbox.gpu_check --gpus=all --per-program=1 --memory-fraction=0.5
+    python -m wmrl_jax.sandbox.gpu_check --gpus=2 --per-program=1 --memory-fraction=0.5
 
 `launch/gpu_sandbox_check.sh` builds the CUDA image and runs this. Each check
 runs `PROGRAM` in a `DockerExecutor` container and reads the JSON it prints:

@@ -198,7 +198,8 @@ def split_devices(request: GpuRequest, per_program: int) -> list[GpuRequest]:
     ids = request.device_ids or tuple(str(i) for i in range(request.count))
     if per_program < 1 or len(ids) % per_program:
         raise ValueError(
-            f"gpus_per_program={per_program} must divide the {len(ids)} devices of {request}"
+            f"gpus_per_program={per_program} must divide the {len(ids)} devices of"
+            f" gpus={request.spec()!r}"
         )
     return [
         GpuRequest(device_ids=ids[i : i + per_program], driver=request.driver)
