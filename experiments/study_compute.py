@@ -12,6 +12,7 @@ and plot, so the README never carries hand-typed numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from ml_collections import config_flags
 from wmrl_jax.readme import write_section
 from wmrl_jax.studies import compute as study
 from wmrl_jax.studies import report
+from wmrl_jax.train import cost
 from wmrl_jax.train.summary import write_json
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -43,11 +45,9 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
     """Runs the study, writes its outputs, optionally updates the README; returns the analysis."""
     start = time.perf_counter()
     results = study.run_study(config, workdir, log=logging.info)
-    analysis = study.analyse(results, smooth=config.study.smooth)
     os.makedirs(workdir, exist_ok=True)
     payload = {
         "config": config.to_dict(),
-        "analysis": analysis,
         "wall_seconds": time.perf_counter() - start,
         # Every eval point and every step's metrics: what `render` plots from.
         "runs": {
@@ -55,55 +55,91 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
             for k, v in results.items()
         },
     }
+    payload.update(analyses(results, config))
     write_json(os.path.join(workdir, "results.json"), payload)
     render(workdir, readme)
-    return analysis
+    return payload["analysis"]
+
+
+def analyses(results: dict, config) -> dict:
+    """The analysis under the measured ledger, under the modelled one (`config.cost_model`),
+    and the modelled one over the model sizes of `config.study.cost_sweep`."""
+    smooth = config.study.smooth
+    out = {"analysis": study.analyse(results, smooth=smooth)}
+    model = cost.from_config(config)
+    if model is not None:
+        out["analysis_modelled"] = study.analyse(results, smooth=smooth, cost=model)
+        out["break_even"] = {
+            str(n): study.analyse(
+                results, smooth=smooth, cost=dataclasses.replace(model, params=float(n))
+            )
+            for n in config.study.cost_sweep
+        }
+    return out
 
 
 def headline(analysis: dict) -> str:
-    """The README's headline sentences, composed from the analysis alone."""
-    wmrl, real = analysis["wmrl"], analysis["real"]
-    num = report.fmt_number
-    if real["heldout_target_above_start"]:
-        paper = (
-            f"**{num(wmrl['ratio_median'], '.2f')}×** [{num(wmrl['ratio_min'], '.2f')}, "
-            f"{num(wmrl['ratio_max'], '.2f')}] (median [min, max] over the "
-            f"{wmrl['reached']}/{wmrl['seeds']} seeds that reach it)"
+    """The README's headline: two questions answered in words, from the analysis alone."""
+    real, wmrl = analysis["real"], analysis["wmrl"]
+    control = analysis.get("anchors_only")
+    gain = real["heldout_final"] - real["heldout_before"]
+    gain_se = real["heldout_final_se"]
+    lines = [
+        f"`real` moves the held-out percentile from {real['heldout_before']:.3f} to "
+        f"{real['heldout_final']:.3f} (± {gain_se:.3f}), "
+        + (
+            "more than two standard errors: the target is real."
+            if gain > 2 * gain_se
+            else "not more than two standard errors: the held-out target is weak evidence."
+        )
+    ]
+    if not real["heldout_target_above_start"]:
+        lines.append(
+            "**How much less compute does `wmrl` need than `real`?** Not measurable: `real` "
+            "ends no higher on the held-out tasks than it starts."
+        )
+    elif wmrl["ratio_median"] is None:
+        lines.append(
+            "**How much less compute does `wmrl` need than `real` to reach `real`'s final "
+            f"held-out level?** `wmrl` does not reach it within the same compute on any seed "
+            f"(it ends at {wmrl['heldout_final']:.3f} ± {wmrl['heldout_final_se']:.3f})."
         )
     else:
-        paper = (
-            "**not measurable here**: `real` itself ends lower on the held-out tasks than it "
-            f"starts ({real['heldout_before']:.3f} → {real['heldout_final']:.3f}), so there is "
-            "no target to reach"
+        lines.append(
+            "**How much less compute does `wmrl` need than `real` to reach `real`'s final "
+            f"held-out level?** `real` needs **{report.ratio_cell(wmrl, 'ratio')}** the compute "
+            "of `wmrl` (median [min, max] over the seeds where both get there)."
         )
-    w_train, r_train = wmrl["train_reward_final"], real["train_reward_final"]
-    diff = wmrl["heldout_final"] - real["heldout_final"]
-    se = math.hypot(wmrl["heldout_final_se"], real["heldout_final_se"])
-    heldout = (
-        f"On the held-out tasks `wmrl` and `real` end within two standard errors of each "
-        f"other ({wmrl['heldout_final']:.3f} vs {real['heldout_final']:.3f}, difference "
-        f"{diff:+.3f} ± {se:.3f}), so the held-out reverse ratio ({report.matched_cell(wmrl)}) "
-        "is no evidence either way."
-        if abs(diff) < 2 * se
-        else f"On the held-out tasks `wmrl` ends {'above' if diff > 0 else 'below'} `real` "
-        f"({wmrl['heldout_final']:.3f} vs {real['heldout_final']:.3f}, difference {diff:+.3f} "
-        f"± {se:.3f}); real's compute to reach `wmrl`'s held-out level over `wmrl`'s: "
-        f"{report.matched_cell(wmrl)}."
-    )
-    return " ".join(
-        [
-            "Headline in the paper's form, real / wmrl compute to reach `real`'s final held-out "
-            f"percentile: {paper}.",
-            "In the reverse form, on the training tasks where every arm improves: real-execution "
-            f"GRPO needs **{report.matched_cell(wmrl, 'train_')}** the compute of `wmrl` to reach "
-            f"the true reward `wmrl` ends at ({w_train:.3f}); after the same number of updates "
-            f"`wmrl` ends {'below' if w_train < r_train else 'above'} `real` ({w_train:.3f} vs "
-            f"{r_train:.3f}; {wmrl['train_reached']}/{wmrl['seeds']} seeds reach `real`'s final).",
-            heldout,
-            "(“never”: `real` does not get there within its whole budget, so the ratio is a lower "
-            "bound.)",
-        ]
-    )
+    if control is not None:
+        diff = wmrl["heldout_final"] - control["heldout_final"]
+        se = math.hypot(wmrl["heldout_final_se"], control["heldout_final_se"])
+        side = "level with" if abs(diff) <= 2 * se else ("above" if diff > 0 else "below")
+        lines.append(
+            f"**Does it beat `anchors_only`?** At the same compute `wmrl` ends {side} "
+            f"`anchors_only` on the held-out tasks ({wmrl['heldout_final']:.3f} vs "
+            f"{control['heldout_final']:.3f}, difference {diff:+.3f} ± {se:.3f}); "
+            f"`anchors_only` needs {report.ratio_cell(wmrl, 'ratio_vs_control')} the compute "
+            "of `wmrl` to reach `real`'s final level"
+            + (
+                "."
+                if control["ratio_median"] is not None
+                else " (`anchors_only` never gets there)."
+            )
+        )
+        won = wmrl["ratio_median"] is not None and wmrl["ratio_median"] >= 3 and diff > 2 * se
+        lines.append(
+            "Our aim, ≥ 3× against `real` and a clear win over `anchors_only`: "
+            + ("**met**." if won else "**not met** on this benchmark.")
+        )
+    fused, real_err, wm_err = (wmrl.get(f"anchor_{s}_error_var") for s in ("fed", "real", "wm"))
+    if None not in (fused, real_err, wm_err):
+        below = fused < min(real_err, wm_err)
+        lines.append(
+            f"Fusion on executed rows: error variance against the replicate mean {fused:.4f} "
+            f"(fed) vs {real_err:.4f} (real) and {wm_err:.4f} (debiased WM): "
+            + ("below both streams." if below else "not below both streams.")
+        )
+    return " ".join(lines)
 
 
 def render(workdir: str, readme: str | None = None) -> None:
@@ -116,33 +152,51 @@ def render(workdir: str, readme: str | None = None) -> None:
     report.plot_compute_study(payload["runs"], arms, plot, step_series=study.step_series)
     sweeps = [label for label in analysis if label not in arms]
     table = report.format_study_table(analysis, arms)
-    sweep_table = report.format_study_table(analysis, ["wmrl", "real", *sweeps])
+    parts = [table]
+    if sweeps:
+        parts += ["", report.format_study_table(analysis, ["wmrl", "real", *sweeps])]
     with open(os.path.join(workdir, "table.md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(workdir, "sweeps.md"), "w") as f:
-        f.write(sweep_table + "\n")
-    print(table, "\n\n", sweep_table, sep="")
+        f.write("\n".join(parts) + "\n")
+    print("\n".join(parts))
     if not readme:
         return
     root = os.path.dirname(os.path.abspath(readme))
     os.makedirs(os.path.join(root, _ASSETS), exist_ok=True)
-    shutil.copy(os.path.join(workdir, "study_compute.png"), os.path.join(root, _ASSETS))
-    body = "\n".join(
-        [
-            f"`python -m experiments.study_compute` ({config['study']['num_seeds']} seeds, "
-            f"{config['num_steps']} updates per run, {payload['wall_seconds'] / 60:.0f} min on "
-            f"this CPU). {headline(analysis)}",
+    shutil.copy(plot, os.path.join(root, _ASSETS))
+    budget = config["budget"]["compute_seconds"]
+    body = [
+        f"`python -m experiments.study_compute` ({config['study']['num_seeds']} seeds; every "
+        f"run spends the same measured compute, {budget:.0f} s of generation + WM + execution, "
+        f"evaluated at {config['budget']['eval_points']} equal steps of it, or stops at "
+        f"{config['num_steps']} updates; {payload['wall_seconds'] / 60:.0f} min on this CPU).",
+        "",
+        headline(analysis),
+        "",
+        "Measured ledger:",
+        "",
+        table,
+    ]
+    if "analysis_modelled" in payload:
+        cm = config["cost_model"]
+        body += [
             "",
-            table,
+            f"Modelled ledger (a model, not a measurement): the same runs charged as an LLM "
+            f"agent of N = {cm['params'] / 1e9:g}B parameters on {cm['accelerator']} at "
+            f"{cm['mfu']:.0%} MFU would be, {cm['sample_tokens']:.0f} tokens per sample, "
+            f"{cm['wm_tokens']:.0f} per world-model score and {cm['train_tokens']:.0f} per "
+            "trained row (2·N FLOPs per forward token, 6·N per trained token), plus the "
+            "measured execution seconds:",
             "",
-            "Sweeps (anchor fraction ρ; warm-start length, i.e. world-model quality):",
+            report.format_study_table(payload["analysis_modelled"], arms),
             "",
-            sweep_table,
+            "Where the world model pays for itself, over the model size N (modelled ledger):",
             "",
-            f"![compute study]({_ASSETS}/study_compute.png)",
+            report.format_break_even({float(n): a for n, a in payload["break_even"].items()}),
         ]
-    )
-    write_section(readme, "study", body)
+    if sweeps:
+        body += ["", "Sweeps:", "", parts[-1]]
+    body += ["", f"![compute study]({_ASSETS}/study_compute.png)"]
+    write_section(readme, "study", "\n".join(body))
 
 
 def main(argv):

@@ -1,12 +1,16 @@
-r"""The compute study: WMRL against real-execution GRPO on the built-in suite, replayed.
+r"""The compute study: every arm at equal compute on the grown suite, replayed.
 
     python -m experiments.study_compute --config=experiments/configs/study_compute.py \
         --workdir=outputs/study_compute --readme=README.md
 
 Every run is the real training loop with the tiny backbone (warm-started as in
-the main job); the recipe benchmark replays each program's recorded outcome
-and charges its recorded execution seconds. Variant ``:runlocal`` (2 seeds,
-a few steps) is what the tests run.
+the main job); the recipe benchmark replays each program's recorded outcome —
+one of three replicate executions, drawn in turn — and charges its recorded
+execution seconds. Every run stops when it has spent the same measured compute
+(generation + world model + execution seconds): `real` gets about 40 updates
+for it, the arms that execute a tenth of the groups about ten times as many.
+Variants: ``:runlocal`` (the core suite, one seed, a few steps: what the tests
+run) and ``:sweeps`` (adds the anchor-fraction and warm-start sweeps).
 """
 
 import ml_collections
@@ -15,38 +19,58 @@ from wmrl_jax.train.config import base_config
 
 
 def get_config(arg: str | None = None):
-    """Returns the study config; `arg` selects a variant ("runlocal")."""
+    """Returns the study config; `arg` selects a variant ("runlocal", "sweeps")."""
     config = base_config()
     config.executor.kind = "replay"
-    # The published study (README) predates the execution cache: off until it is rerun
-    # with every arm at equal compute, so `make study` still reproduces it.
-    config.executor.cache = False
-    config.num_steps = 40
-    config.tasks_per_step = 20  # 20 groups: ρ = 0.05 is one anchor group per step.
+    config.executor.cache = True  # A replicate already executed in the run is free.
+    config.tasks.suite = "grown"  # 40 training tasks, 12 held-out ones of other families.
+    config.tasks_per_step = 10
+    config.anchor_fraction = 0.1  # One anchor group of ten per step.
     config.group_size = 8
-    config.eval_every = 5
     config.eval_samples = 16  # Expected held-out percentile: smoother than one greedy pick.
-    config.checkpoint.every = 40
+    # Equal compute: what `real` spends in about 40 updates (measured on this suite).
+    config.budget.compute_seconds = 2400.0
+    config.budget.eval_points = 10
+    config.num_steps = 500  # A cap, for the arms that spend (almost) nothing: wm_naive.
+    # A learning rate that does not depend on the run's length: constant after warm-up.
+    config.optimizer.total_steps = 500
+    config.optimizer.end_lr_ratio = 1.0
+    config.checkpoint.every = 500
     config.checkpoint.export_hf = False
     config.checkpoint.keep = 1
+    # The modelled ledger the study reports beside the measured one: each sample as an
+    # LLM agent's (prompt + program), each WM score and trained row likewise.
+    config.cost_model.params = 4e9
+    config.cost_model.accelerator = "A100"
+    config.cost_model.mfu = 0.4
+    config.cost_model.sample_tokens = 3000.0
+    config.cost_model.wm_tokens = 4000.0
+    config.cost_model.train_tokens = 3000.0
 
     config.study = ml_collections.ConfigDict()
-    config.study.num_seeds = 10
-    config.study.arms = ("real", "wm_naive", "wm_debias", "wmrl")
-    config.study.rho_sweep = (0.05, 0.1, 0.2, 0.3)
-    config.study.warm_sweep = (40, 150, 600)  # Warm-start steps: the WM's quality.
+    config.study.num_seeds = 5
+    config.study.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl")
+    config.study.rho_sweep = ()
+    config.study.warm_sweep = ()  # Warm-start steps: the WM's quality.
     config.study.warm_sweep_arms = ("wmrl", "real")
     config.study.smooth = 3  # Evaluation points in the moving average.
+    config.study.cost_sweep = (0.5e9, 1e9, 4e9, 9e9, 32e9)  # N for the break-even table.
     if arg == "runlocal":
-        config.num_steps = 4
+        config.tasks.suite = "core"
         config.tasks_per_step = 4
-        config.eval_every = 2
+        config.anchor_fraction = 0.25
+        config.budget.compute_seconds = 40.0
+        config.budget.eval_points = 2
+        config.num_steps = 6
+        config.optimizer.total_steps = 6
         config.agent.recipe.warm_start.steps = 5
         config.study.num_seeds = 1
-        config.study.rho_sweep = (0.1, 0.5)
-        config.study.warm_sweep = (5, 10)
         config.study.smooth = 1
+        config.study.cost_sweep = (1e9, 4e9)
+    elif arg == "sweeps":
+        config.study.rho_sweep = (0.05, 0.2, 0.3)
+        config.study.warm_sweep = (40, 600)
     elif arg:
-        raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
+        raise ValueError(f"unknown config variant {arg!r} (known: runlocal, sweeps)")
     config.lock()
     return config

@@ -87,3 +87,41 @@ def test_matched_cell_marks_lower_bounds():
     table = report.format_study_table(a)
     assert table.count("\n") == 1 + len(a)
     assert all(line.count("|") == 13 for line in table.splitlines())
+
+
+def test_ratio_against_the_control_arm():
+    a = study.analyse(_study(), smooth=1, control="cheap")
+    # Both reach real's final 0.6: cheap at 10 s, better at 5 s.
+    assert a["better"]["ratio_vs_control_median"] == pytest.approx(2.0)
+    assert a["cheap"]["ratio_vs_control_median"] == pytest.approx(1.0)
+    assert a["real"]["ratio_vs_control_median"] == pytest.approx(0.1)
+    assert a["worse"]["ratio_vs_control_median"] is None and a["worse"]["control_reached"] == 3
+
+
+def test_runs_of_different_lengths_end_at_their_last_point():
+    results = _study(seeds=2)
+    short = results["cheap"][1]  # A budget-limited run that stopped at its 6th eval point.
+    short["history"], short["steps"] = short["history"][:6], short["steps"][:6]
+    a = study.analyse(results, smooth=1)
+    assert a["cheap"]["heldout_final"] == pytest.approx((0.6 + 0.5) / 2)
+    assert a["cheap"]["compute_total"] == pytest.approx((10.0 + 5.0) / 2)
+    assert a["cheap"]["updates"] == pytest.approx((10 + 5) / 2)
+    assert a["cheap"]["reached"] == 1  # the short seed never reaches 0.6
+
+
+def test_modelled_compute_charges_rows_at_llm_lengths():
+    from wmrl_jax.train.cost import CostModel, TokenLengths
+
+    results = _study(seeds=1)
+    for runs in results.values():  # 100 samples and 10 trained rows per eval interval
+        for i, h in enumerate(runs[0]["history"]):
+            h.update(samples=100.0 * i, wm_rows=0.0, train_rows=10.0 * i)
+        for i, s in enumerate(runs[0]["steps"], 1):
+            s.update({"ledger/samples": 100.0 * i, "ledger/train_rows": 10.0 * i,
+                      "ledger/exec_seconds": s["ledger/compute_seconds"]})  # fmt: skip
+    cost = CostModel(1e9, 1e12, 0.5, TokenLengths(sample=1000, wm_row=1, train_row=1000))
+    a = study.analyse(results, smooth=1, cost=cost)
+    # Tokens: (2e9 * 1e5 + 6e9 * 1e4) / 5e11 = 520 s per interval on top of execution, the
+    # same for every run: cheap's 10x saving shrinks to (100 + 5200) / (10 + 5200).
+    assert a["cheap"]["ratio_median"] == pytest.approx(5300 / 5210)
+    assert a["real"]["compute_total"] == pytest.approx(100 + 5200)

@@ -5,7 +5,7 @@ import numpy as np
 from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.studies.compute import step_series
-from wmrl_jax.studies.oracle import replay_oracle
+from wmrl_jax.studies.oracle import replay_oracle, stream_errors
 from wmrl_jax.train.stages import StepRecord
 
 
@@ -49,3 +49,20 @@ def test_oracle_metrics_and_the_out_of_sample_rank_correlation():
 def test_step_series_pads_runs_of_different_length():
     runs = [{"steps": [{"x": 1.0}, {"x": 2.0}]}, {"steps": [{"x": 3.0}]}]
     np.testing.assert_array_equal(step_series(runs, "x"), [[1.0, 2.0], [3.0, np.nan]])
+
+
+def test_stream_errors_compare_the_streams_on_the_same_executed_rows():
+    truth = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    rec = _record(["0.1", "0.2", "0.3", "0.4", "0.5"], truth, executed_rows=[])
+    rec.executed = np.array([True, True, True, True, False])
+    rec.real = np.where(rec.executed, truth + [0.2, -0.2, 0.2, -0.2, 0.0], np.nan)
+    rec.partner = np.array([truth[0] - 0.2, np.nan, np.nan, np.nan, np.nan])  # row 0: a pair
+    rec.debiased = (truth + [0.1, 0.1, -0.1, np.nan, 0.0]).astype(np.float32)  # row 3 unusable
+    rec.rewards = (truth + [0.0, 0.05, -0.05, 0.0, 9.0]).astype(np.float32)
+    m = stream_errors(rec, truth)
+    # Rows 0-2 only (executed, with a debiased prediction); row 0's real is the pair mean.
+    np.testing.assert_allclose(m["oracle/anchor_real_error_var"], np.var([0.0, -0.2, 0.2]), 1e-6)
+    np.testing.assert_allclose(m["oracle/anchor_wm_error_var"], np.var([0.1, 0.1, -0.1]), 1e-6)
+    np.testing.assert_allclose(m["oracle/anchor_fed_error_var"], np.var([0.0, 0.05, -0.05]), 1e-6)
+    rec.debiased = None  # An arm without a world model has no streams to compare.
+    assert stream_errors(rec, truth) == {}

@@ -78,3 +78,22 @@ def test_cost_model_by_hand():
         validate_config(override(on, **{"cost_model.accelerator": "TPU9"}))
     with pytest.raises(ValueError, match="mfu"):
         CostModel(1e9, 1e12, 1.5)
+
+
+def test_cost_model_charges_rows_at_llm_lengths():
+    from wmrl_jax.train.cost import CostModel, TokenLengths, from_config
+    from wmrl_jax.train.ledger import Ledger
+
+    lengths = TokenLengths(sample=3000, wm_row=4000, train_row=3000)
+    model = CostModel(params=1e9, peak_flops=1e12, mfu=0.5, lengths=lengths)
+    # The run's own token counts are ignored; rows are charged at the LLM's lengths:
+    # (2e9 * (10 * 3000 + 5 * 4000) + 6e9 * 2 * 3000) / 5e11 = 200 + 72 = 272 s.
+    ledger = Ledger(gen_tokens=60, wm_tokens=99, train_tokens=7, samples=10, wm_rows=5,
+                    train_rows=2, exec_seconds=3.0)  # fmt: skip
+    assert model.seconds(ledger) == pytest.approx(275.0)
+    on = override(base_config(), **{"cost_model.params": 1e9, "cost_model.sample_tokens": 3000.0,
+                                    "cost_model.wm_tokens": 4000.0,
+                                    "cost_model.train_tokens": 3000.0})  # fmt: skip
+    assert from_config(on).lengths == lengths
+    with pytest.raises(ConfigError, match="token lengths"):
+        validate_config(override(on, **{"cost_model.wm_tokens": 0.0}))

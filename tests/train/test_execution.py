@@ -3,8 +3,10 @@
 import concurrent.futures
 import math
 
+import pytest
+
 from wmrl_jax.envs.outcomes import Outcome
-from wmrl_jax.train.execution import Runner, cache_key
+from wmrl_jax.train.execution import Runner, cache_key, first_replicate
 
 
 class Task:
@@ -13,19 +15,22 @@ class Task:
 
 
 class Source:
-    """Answers program `p` with reward len(p); `fail` lists programs that hit infra errors."""
+    """Answers replicate k of program `p` with reward len(p) + k / 10; `fail` lists
+    programs that hit infra errors."""
 
     fingerprint = None
 
-    def __init__(self, fail=()):
-        self.calls, self.fail = [], set(fail)
+    def __init__(self, fail=(), num_replicates=1):
+        self.calls, self.fail, self.num_replicates = [], set(fail), num_replicates
 
-    def submit(self, task, program):
-        self.calls.append((task.id, program))
+    def submit(self, task, program, *, replicate=0):
+        assert 0 <= replicate < self.num_replicates
+        self.calls.append((task.id, program) if self.num_replicates == 1 else
+                          (task.id, program, replicate))  # fmt: skip
         if program in self.fail:
             out = Outcome("infra_error", math.nan, math.nan, math.nan, 0.0, "engine down")
         else:
-            out = Outcome("ok", float(len(program)), 0.5, 1.0, 2.0)
+            out = Outcome("ok", len(program) + replicate / 10, 0.5, 1.0, 2.0)
         fut = concurrent.futures.Future()
         fut.set_result(out)
         return fut
@@ -68,3 +73,52 @@ def test_infra_errors_are_retried_dropped_and_never_cached():
     assert got.counts["dropped"] == 2 and got.counts["infra_errors"] == 3
     assert set(got.outcomes) == {2} and got.executions == 4  # 3 attempts + "ok"
     assert list(runner.cache) == [cache_key(Task("a"), "ok")]  # only the real result
+
+
+def test_replicates_rotate_from_a_seeded_start_then_come_from_the_cache():
+    source, task = Source(num_replicates=3), Task("a")
+    runner = Runner(source, retries=0, on_infra_error="wm_only", seed=7)
+    k0 = first_replicate(cache_key(task, "xx"), 7, 3)
+    seen = []
+    for _ in range(5):  # five steps, one row each
+        got = _run(runner, [task], ["xx"], [0], 1)
+        seen.append((got.executions, round(got.outcomes[0].reward - 2, 3), 0 in got.partners))
+    order = [(k0 + n) % 3 / 10 for n in range(5)]
+    # Three charged executions (one per replicate), then answers from the cache.
+    assert seen == [(1, order[0], False), (1, order[1], True), (1, order[2], True),
+                    (0, order[3], False), (0, order[4], False)]  # fmt: skip
+    assert len(source.calls) == 3
+
+
+def test_one_step_with_a_repeated_program_executes_two_replicates_as_a_pair():
+    source, task = Source(num_replicates=3), Task("a")
+    runner = Runner(source, retries=0, on_infra_error="wm_only")
+    got = _run(runner, [task], ["xx", "xx"], [0, 1], 2)
+    assert got.executions == 2 and got.counts["cached"] == 0
+    assert set(got.partners) == {1} and got.partners[1].reward == got.outcomes[0].reward
+    assert got.outcomes[0].reward != got.outcomes[1].reward
+
+
+def test_the_seed_decides_which_replicate_comes_first():
+    keys = [cache_key(Task("a"), f"p{i}") for i in range(40)]
+    firsts = {seed: [first_replicate(k, seed, 3) for k in keys] for seed in (0, 1)}
+    assert firsts[0] != firsts[1] and set(firsts[0]) == {0, 1, 2}
+    assert all(first_replicate(k, 5, 1) == 0 for k in keys)
+
+
+def test_checkpointed_cache_keeps_replicates_and_request_counts():
+    runner = Runner(Source(num_replicates=3), retries=0, on_infra_error="wm_only", seed=3)
+    for _ in range(2):
+        _run(runner, [Task("a")], ["xx", "yyy"], [0, 1], 2)
+    other = Runner(Source(num_replicates=3), retries=0, on_infra_error="wm_only", seed=3)
+    other.restore_cache(runner.cache_state())
+    assert other.cache == runner.cache and other.requests == runner.requests
+    # The format before replicates (a list of rows) restores replicate 0.
+    old = Runner(Source(), retries=0, on_infra_error="wm_only")
+    old.restore_cache([["a", "d1", "ok", 1.0, 0.5, 1.0, 2.0, ""]])
+    assert old.cache == {("a", "d1"): {0: Outcome("ok", 1.0, 0.5, 1.0, 2.0, "")}}
+
+
+def test_a_source_without_replicates_is_refused():
+    with pytest.raises(ValueError, match="num_replicates"):
+        Runner(Source(num_replicates=0), retries=0, on_infra_error="wm_only")

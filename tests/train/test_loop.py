@@ -31,10 +31,11 @@ class _Wrapped:
 
     def __init__(self, inner, rewrite):
         self.inner, self.rewrite, self.calls = inner, rewrite, 0
+        self.num_replicates = inner.num_replicates
 
-    def submit(self, task, source):
+    def submit(self, task, source, *, replicate=0):
         self.calls += 1
-        out = self.inner.submit(task, source).result()
+        out = self.inner.submit(task, source, replicate=replicate).result()
         fut = concurrent.futures.Future()
         fut.set_result(self.rewrite(out, self.calls))
         return fut
@@ -66,9 +67,12 @@ def test_every_arm_runs_and_logs(tmp_path, arm):
     with_wm = arm not in ("real", "anchors_only")
     assert ledger["gen_tokens"] > 0 and (ledger["wm_tokens"] > 0) == with_wm
     last = summary["steps"][-1]
-    # anchors_only trains on its executed group alone: the others are masked out.
-    masked = {"anchors_only": (tasks - 1) * g}.get(arm, 0)
-    assert last["reward/masked_rows"] == masked
+    # anchors_only samples, executes and trains on its anchor group alone.
+    sampled = 2 * g if arm == "anchors_only" else 2 * tasks * g
+    assert ledger["samples"] == sampled and ledger["wm_rows"] == (sampled if with_wm else 0)
+    # Policy rows, plus the world model's auxiliary rows (one per executed sample).
+    assert ledger["train_rows"] == sampled + expected
+    assert last["reward/masked_rows"] == 0
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # Step 0 (the evaluation before training), 1 and 2.
 
@@ -211,3 +215,19 @@ def test_equal_compute_budget_stops_and_evaluates_on_the_compute_grid(tmp_path):
     # One evaluation at the start, one per grid point crossed (20, 40, 60 s).
     crossed = [int(s // 20.0) for s in spent]
     assert crossed == sorted(set(crossed)) and crossed[0] == 0 and crossed[-1] >= 3
+
+
+def test_replicate_pairs_estimate_the_real_noise(tmp_path):
+    # Every group executed, with the cache: a program sampled again gets its next
+    # replicate (charged) until all three are known, then answers from the cache.
+    config = _config(arm="wmrl", num_steps=4, eval_every=4, anchor_fraction=1.0,
+                     **{"executor.cache": True})  # fmt: skip
+    summary = loop.train_and_evaluate(config, str(tmp_path))
+    steps, ledger = summary["steps"], summary["ledger"]
+    rows = 4 * config.tasks_per_step * config.group_size
+    assert ledger["executions"] + ledger["cached"] == rows
+    pairs = sum(s["anchors/replicate_pairs"] for s in steps)
+    assert 0 < pairs < ledger["executions"]
+    # sigma2_real is estimated from the pairs, no longer the prior alone.
+    assert steps[-1]["correction/sigma2_real"] != pytest.approx(config.correction.real_var_prior)
+    assert all(np.isfinite(s["correction/sigma2_real"]) for s in steps)

@@ -141,6 +141,8 @@ class SandboxOutcomes:
         floors: rewards for outcomes without a valid score.
         timeout_s: wall-clock limit; default each task's `limits["wall_seconds"]`.
         close_executor: whether `close()` closes the executor too.
+        num_replicates: the seeds a program may run under (`submit`'s
+            `replicate` in [0, num_replicates)).
 
     Attributes:
         fingerprint: None: executions decide their answers, no table does (the
@@ -156,7 +158,11 @@ class SandboxOutcomes:
         floors: grading.RewardFloors | Mapping = grading.DEFAULT_FLOORS,
         timeout_s: float | None = None,
         close_executor: bool = True,
+        num_replicates: int = 1,
     ):
+        self.num_replicates = check_replicate(num_replicates)
+        if self.num_replicates < 1:
+            raise ValueError(f"num_replicates must be >= 1, got {num_replicates}")
         self.executor = executor
         self.floors = floors
         self.timeout_s = timeout_s

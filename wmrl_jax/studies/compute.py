@@ -33,6 +33,8 @@ from wmrl_jax.studies.oracle import replay_oracle
 from wmrl_jax.studies.smoothing import trailing_mean
 from wmrl_jax.train import builder, loop
 from wmrl_jax.train.config import override
+from wmrl_jax.train.cost import CostModel
+from wmrl_jax.train.ledger import Ledger
 
 # Policy updates in the moving average of the training samples' true reward.
 TRAIN_SMOOTH = 5
@@ -87,17 +89,59 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> 
     return results
 
 
-def curves(summaries: Iterable[dict]) -> dict[str, np.ndarray]:
-    """Eval-point curves of shape [seeds, points]: steps, compute, execution seconds, percentile."""
+def _padded(rows: list[list[float]]) -> np.ndarray:
+    """Ragged rows as an array [len(rows), longest], NaN after a shorter row's end."""
+    out = np.full((len(rows), max(map(len, rows), default=0)), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = np.asarray(r, np.float64)
+    return out
+
+
+def _ledger_seconds(entries: list[dict], cost: CostModel | None, prefix: str = "") -> list[float]:
+    """Measured compute (gen + WM + exec seconds) of each entry's cumulative ledger, or the
+    modelled seconds of `cost`. `prefix` is "ledger/" for per-step metrics."""
+    if cost is None:
+        if prefix:
+            return [e[f"{prefix}compute_seconds"] for e in entries]
+        return [Ledger.from_dict({k: e[k] for k in Ledger._fields if k in e}).compute_seconds
+                for e in entries]  # fmt: skip
+    fields = Ledger._fields
+    return [
+        cost.seconds(Ledger(**{f: e.get(f"{prefix}{f}", 0.0) for f in fields})) for e in entries
+    ]
+
+
+def curves(summaries: Iterable[dict], cost: CostModel | None = None) -> dict[str, np.ndarray]:
+    """Eval-point curves of shape [seeds, points]: steps, compute, execution seconds,
+    executions, percentile; NaN after a run that stopped earlier than the longest.
+
+    `compute` is the measured ledger (generation + WM + execution seconds), or
+    `cost`'s modelled seconds when given.
+    """
     hist = [s["history"] for s in summaries]
-    field = lambda f: np.array([[h[f] for h in run] for run in hist], np.float64)  # noqa: E731
+    field = lambda f: _padded([[h[f] for h in run] for run in hist])  # noqa: E731
     return {
         "step": field("step"),
-        "compute": field("gen_seconds") + field("wm_seconds") + field("exec_seconds"),
+        "compute": _padded([_ledger_seconds(run, cost) for run in hist]),
         "exec_seconds": field("exec_seconds"),
         "executions": field("executions"),
         "percentile": field("eval/heldout_percentile"),
     }
+
+
+def step_compute(summaries: Iterable[dict], cost: CostModel | None = None) -> np.ndarray:
+    """Cumulative compute after each step, [seeds, steps] (see `curves`)."""
+    return _padded([_ledger_seconds(s["steps"], cost, "ledger/") for s in summaries])
+
+
+def last_finite(x: np.ndarray) -> np.ndarray:
+    """Each row's last finite value (NaN for a row without any)."""
+    out = np.full(x.shape[0], np.nan)
+    for i, row in enumerate(x):
+        ok = np.flatnonzero(np.isfinite(row))
+        if ok.size:
+            out[i] = row[ok[-1]]
+    return out
 
 
 def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float:
@@ -109,11 +153,7 @@ def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float:
 def step_series(summaries: Iterable[dict], key: str) -> np.ndarray:
     """A per-step metric of shape [seeds, steps] (NaN where absent, and after a run that
     stopped earlier than the longest, as budget-limited runs do)."""
-    rows = [[s.get(key, np.nan) for s in run["steps"]] for run in summaries]
-    out = np.full((len(rows), max(map(len, rows), default=0)), np.nan)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = np.asarray(r, np.float64)
-    return out
+    return _padded([[s.get(key, np.nan) for s in run["steps"]] for run in summaries])
 
 
 def _nanstat(fn, x: np.ndarray):
@@ -131,6 +171,11 @@ def _reach(x: np.ndarray, y: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.array([first_reach(x[i], y[i], t) for i, t in enumerate(targets)])
 
 
+def _smooth(x: np.ndarray, window: int) -> np.ndarray:
+    """`trailing_mean` that stays NaN where `x` is (after a run's end)."""
+    return np.where(np.isfinite(x), trailing_mean(x, window), np.nan)
+
+
 def _matched(
     base_x: np.ndarray, base_y: np.ndarray, x: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -140,11 +185,11 @@ def _matched(
     its budget, ratio is the lower bound `baseline total / run's` and censored
     is True; NaN where the run ends at or below its start (no level to match).
     """
-    level = y[:, -1]
+    level = last_finite(y)
     own = _reach(x, y, level)
     base = _reach(base_x, base_y, level)
     censored = ~np.isfinite(base)
-    ratio = _ratio(np.where(censored, base_x[:, -1], base), own)
+    ratio = _ratio(np.where(censored, last_finite(base_x), base), own)
     ratio = np.where(level > y[:, 0], ratio, np.nan)
     return ratio, censored & np.isfinite(ratio)
 
@@ -159,79 +204,128 @@ def _matched_row(prefix: str, ratio: np.ndarray, censored: np.ndarray) -> dict:
     }
 
 
-def analyse(results: dict[str, list[dict]], *, smooth: int, baseline: str = "real") -> dict:
-    """Per run label: final percentile, compute-to-target and its ratio to `baseline`.
+def _ratio_row(prefix: str, ratio: np.ndarray) -> dict:
+    return {
+        f"{prefix}": ratio.tolist(),
+        f"{prefix}_median": _nanstat(np.nanmedian, ratio),
+        f"{prefix}_min": _nanstat(np.nanmin, ratio),
+        f"{prefix}_max": _nanstat(np.nanmax, ratio),
+        f"{prefix}_seeds": int(np.sum(np.isfinite(ratio))),
+    }
+
+
+def _quarters(summaries: list[dict], keys: Iterable[str]) -> dict:
+    """Per-step diagnostics averaged over the first and last quarter of the steps."""
+    row = {}
+    for key in keys:
+        series = step_series(summaries, key)
+        if np.isfinite(series).any():
+            q = max(1, series.shape[1] // 4)
+            row[f"{key}/first_quarter"] = _nanstat(np.nanmean, series[:, :q])
+            row[f"{key}/last_quarter"] = _nanstat(np.nanmean, series[:, -q:])
+    return row
+
+
+# Per-step diagnostics a study row summarises (oracle metrics come from `replay_oracle`).
+DIAGNOSTICS = (
+    "oracle/fed_bias",
+    "oracle/fed_error_var",
+    "correction/rank_corr",
+    "correction/sigma2_real",
+    "correction/fused_weight_wm",
+)
+STREAMS = ("real", "wm", "fed")
+
+
+def analyse(
+    results: dict[str, list[dict]],
+    *,
+    smooth: int,
+    baseline: str = "real",
+    control: str = "anchors_only",
+    cost: CostModel | None = None,
+) -> dict:
+    """Per run label: final percentile, compute-to-target and its ratios.
 
     Two iso-performance comparisons, on held-out and on training tasks: the
     compute at which each run reaches `baseline`'s final level (the paper's
-    headline, `ratio_*`), and the reverse, the compute `baseline` needs for each
-    run's final level (`matched_*`; a lower bound where it never gets there).
+    headline, `ratio_*`: baseline's compute over the run's), and the reverse,
+    the compute `baseline` needs for each run's final level (`matched_*`; a
+    lower bound where it never gets there). `ratio_vs_control_*`: `control`'s
+    compute to reach `baseline`'s final held-out level over the run's (above 1:
+    the run gets there with less compute than the control). Seeds pair up by
+    position. Compute is the measured ledger, or `cost`'s modelled one.
     """
-    base = curves(results[baseline])
-    base_sm = trailing_mean(base["percentile"], smooth)
-    targets = base_sm[:, -1]  # Per seed.
-    base_reach = _reach(base["compute"], base_sm, targets)
+    c = {label: curves(summaries, cost) for label, summaries in results.items()}
+    sm = {label: _smooth(cv["percentile"], smooth) for label, cv in c.items()}
+    targets = last_finite(sm[baseline])  # Per seed.
+    reach = {label: _reach(c[label]["compute"], sm[label], targets) for label in results}
     # The same on the training tasks: the true reward of the samples (replay knows
     # it), smoothed over steps, against the baseline's final value.
-    base_train = trailing_mean(step_series(results[baseline], "oracle/true_reward"), TRAIN_SMOOTH)
-    train_targets = base_train[:, -1]
-    base_train_x = step_series(results[baseline], "ledger/compute_seconds")
-    base_train_reach = _reach(base_train_x, base_train, train_targets)
+    train = {
+        label: _smooth(step_series(summaries, "oracle/true_reward"), TRAIN_SMOOTH)
+        for label, summaries in results.items()
+    }
+    train_x = {label: step_compute(summaries, cost) for label, summaries in results.items()}
+    train_targets = last_finite(train[baseline])
+    train_reach = {label: _reach(train_x[label], train[label], train_targets) for label in results}
+    base = c[baseline]
     # Whether the baseline's held-out target is above its own start at all.
     above_start = bool(np.mean(targets) > np.mean(base["percentile"][:, 0]))
     out = {}
     for label, summaries in results.items():
-        c = curves(summaries)
-        sm = trailing_mean(c["percentile"], smooth)
-        reach = _reach(c["compute"], sm, targets)
-        reach_exec = _reach(c["exec_seconds"], sm, targets)
-        ratio = _ratio(base_reach, reach)
-        n = len(summaries)
-        final = c["percentile"][:, -1]
+        cv, n = c[label], len(summaries)
+        final = last_finite(cv["percentile"])
         row = {
             "seeds": n,
-            "heldout_before": float(np.mean(c["percentile"][:, 0])),
+            "heldout_before": float(np.mean(cv["percentile"][:, 0])),
             "heldout_final": float(np.mean(final)),
             "heldout_final_se": float(np.std(final, ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
-            "heldout_final_smoothed": float(np.mean(sm[:, -1])),
-            "compute_total": float(np.mean(c["compute"][:, -1])),
-            "exec_seconds_total": float(np.mean(c["exec_seconds"][:, -1])),
-            "executions_total": float(np.mean(c["executions"][:, -1])),
-            "reached": int(np.sum(np.isfinite(reach))),
-            "compute_to_target": reach.tolist(),
-            "exec_seconds_to_target": reach_exec.tolist(),
-            "ratio_vs_baseline": ratio.tolist(),
-            "ratio_median": _nanstat(np.nanmedian, ratio),
-            "ratio_min": _nanstat(np.nanmin, ratio),
-            "ratio_max": _nanstat(np.nanmax, ratio),
+            "heldout_final_smoothed": float(np.mean(last_finite(sm[label]))),
+            "compute_total": float(np.mean(last_finite(cv["compute"]))),
+            "exec_seconds_total": float(np.mean(last_finite(cv["exec_seconds"]))),
+            "executions_total": float(np.mean(last_finite(cv["executions"]))),
+            "updates": float(np.mean(last_finite(cv["step"]))),
+            "reached": int(np.sum(np.isfinite(reach[label]))),
+            "compute_to_target": reach[label].tolist(),
+            "exec_seconds_to_target": _reach(cv["exec_seconds"], sm[label], targets).tolist(),
+            "heldout_target_above_start": above_start,
         }
-        row.update(_matched_row("", *_matched(base["compute"], base_sm, c["compute"], sm)))
-        train = trailing_mean(step_series(summaries, "oracle/true_reward"), TRAIN_SMOOTH)
-        train_x = step_series(summaries, "ledger/compute_seconds")
-        t_reach = _reach(train_x, train, train_targets)
-        t_ratio = _ratio(base_train_reach, t_reach)
-        row.update(_matched_row("train_", *_matched(base_train_x, base_train, train_x, train)))
+        row.update(_ratio_row("ratio_vs_baseline", _ratio(reach[baseline], reach[label])))
+        row.update({k.replace("_vs_baseline", ""): v for k, v in row.items()
+                    if k.startswith("ratio_vs_baseline_")})  # fmt: skip
+        if control in reach:
+            row.update(_ratio_row("ratio_vs_control", _ratio(reach[control], reach[label])))
+            row["control_reached"] = int(np.sum(np.isfinite(reach[control])))
+        row.update(_matched_row("", *_matched(base["compute"], sm[baseline], cv["compute"],
+                                               sm[label])))  # fmt: skip
+        t_ratio = _ratio(train_reach[baseline], train_reach[label])
+        row.update(
+            _matched_row(
+                "train_",
+                *_matched(train_x[baseline], train[baseline], train_x[label], train[label]),
+            )  # fmt: skip
+        )
         row.update(
             {
-                "train_reward_start": float(np.mean(train[:, 0])),
-                "train_reward_final": float(np.mean(train[:, -1])),
-                "train_reached": int(np.sum(np.isfinite(t_reach))),
+                "train_reward_start": float(np.mean(train[label][:, 0])),
+                "train_reward_final": float(np.mean(last_finite(train[label]))),
+                "train_reached": int(np.sum(np.isfinite(train_reach[label]))),
                 "train_ratio_vs_baseline": t_ratio.tolist(),
                 "train_ratio_median": _nanstat(np.nanmedian, t_ratio),
-                "heldout_target_above_start": above_start,
             }
         )
         # Charged executions are unique ones: the run's cache answers repeats (`cached`).
         row["unique_executions"] = row["executions_total"]
-        cached = [s.get("ledger", {}).get("cached", 0.0) for s in summaries]
-        row["cached_executions"] = float(np.mean(cached))
-        rank = step_series(summaries, "oracle/wm_oos_group_rank_corr")
-        row["wm_rank_corr"] = _nanstat(np.nanmean, rank)
-        for key in ("oracle/fed_bias", "oracle/fed_error_var", "correction/rank_corr"):
-            series = step_series(summaries, key)
-            if np.isfinite(series).any():
-                q = max(1, series.shape[1] // 4)
-                row[f"{key}/first_quarter"] = float(np.nanmean(series[:, :q]))
-                row[f"{key}/last_quarter"] = float(np.nanmean(series[:, -q:]))
+        row["cached_executions"] = float(
+            np.mean([s.get("ledger", {}).get("cached", 0.0) for s in summaries])
+        )
+        row["wm_rank_corr"] = _nanstat(
+            np.nanmean, step_series(summaries, "oracle/wm_oos_group_rank_corr")
+        )
+        for stream in STREAMS:  # On executed rows: is the fused reward below both streams?
+            key = f"oracle/anchor_{stream}_error_var"
+            row[f"anchor_{stream}_error_var"] = _nanstat(np.nanmean, step_series(summaries, key))
+        row.update(_quarters(summaries, DIAGNOSTICS))
         out[label] = row
     return out

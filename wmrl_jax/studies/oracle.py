@@ -4,8 +4,12 @@ Only a study knows the truth for free: the recipe table's replay answers any
 (task, program) without executing it. `replay_oracle(source)` is a step hook
 for `Trainer(..., hooks=[...])`: after each step it looks up every sample's
 true reward and reports the bias, error variance and within-group rank
-correlation of the fed rewards and of the raw world model. The trainer itself
-never asks for the truth.
+correlation of the fed rewards and of the raw world model, and on the
+executed rows the error variance of each reward stream: real (one execution,
+or the mean of a replicate pair), debiased world model, and the fed (fused)
+reward. The truth is a program's mean over the table's replicates, so a
+single execution is a noisy draw of it. The trainer itself never asks for
+the truth.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from wmrl_jax.train import stages
 from wmrl_jax.train.stages import StepRecord
 
 
@@ -44,6 +49,27 @@ def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
     return m
 
 
+def stream_errors(record: StepRecord, truth: np.ndarray) -> dict[str, float]:
+    """Error variance against the truth of each reward stream on the same rows.
+
+    The rows: executed, with a finite debiased prediction and a finite fed
+    reward. `oracle/anchor_{real,wm,fed}_error_var` are the variances of
+    (real stream − truth), (debiased WM − truth) and (fed reward − truth);
+    inverse-variance fusion is doing its job when the last is below both.
+    """
+    if record.debiased is None:
+        return {}
+    real, _ = stages.wm_free_rewards(record.real, record.executed, record.partner)
+    rows = record.executed & np.isfinite(record.debiased) & np.isfinite(record.rewards)
+    if rows.sum() < 2:
+        return {}
+    streams = {"real": real, "wm": record.debiased, "fed": record.rewards}
+    return {
+        f"oracle/anchor_{name}_error_var": float(np.var(x[rows] - truth[rows]))
+        for name, x in streams.items()
+    }
+
+
 def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:
     """A step hook reporting `oracle/*` metrics from `source.lookup(task, program)`.
 
@@ -68,6 +94,7 @@ def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:
         wm_mean = None if record.wm is None else record.wm.mean
         executed.update(pairs[i] for i in record.outcomes)
         metrics = oracle_metrics(record.rewards, record.valid, truth, wm_mean, g)
+        metrics.update(stream_errors(record, truth))
         if wm_mean is not None:
             # Out of sample: only programs never executed in this run (up to this step), so
             # the world model cannot have learned their outcome from an anchor.

@@ -100,48 +100,75 @@ def matched_cell(row: dict, prefix: str = "") -> str:
     )
 
 
+def ratio_cell(row: dict, key: str) -> str:
+    """'3.10× [1.20, 5.00] (4/5)': median [min, max] of a per-seed ratio, and the seeds
+    that have one (both runs reach the level)."""
+    if row.get(f"{key}_median") is None:
+        return "—"
+    return (
+        f"{row[f'{key}_median']:.2f}× [{row[f'{key}_min']:.2f}, {row[f'{key}_max']:.2f}] "
+        f"({row[f'{key}_seeds']}/{row['seeds']})"
+    )
+
+
 def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
-    """The compute study's markdown table (one row per run label)."""
+    """The compute study's markdown table (one row per run label).
+
+    Ratios are per seed, median [min, max] (seeds where the run reaches `real`'s
+    final held-out level): `real`'s compute to get there over the run's, and
+    `anchors_only`'s over the run's (above 1: the run needs less).
+    """
     head = (
-        "| run | held-out percentile, start → final ± s.e. | compute s (gen+WM+exec) "
-        "| executions | seeds reaching real's final | compute to target, ratio real / run "
-        "(median [min, max]) | real's compute for the run's final held-out level, ratio real "
-        "/ run (seeds where real never gets there) | train-task true reward, start → final "
-        "| seeds reaching real's final on train tasks, ratio real / run | real's compute for "
-        "the run's final train level, ratio | fed-reward bias, first → last quarter "
-        "| fed error variance, last quarter |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| run | updates | executions (cached) | compute s | held-out, start → final ± s.e. "
+        "| compute to real's final held-out level: real / run (seeds) | anchors_only / run "
+        "| train-task true reward, start → final | WM rank corr. (out of sample) "
+        "| anchor error variance: real / WM / fed |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = []
     for label in labels or list(analysis):
         r = analysis[label]
-        ratio = (
-            f"{fmt_number(r['ratio_median'], '.2f')}× [{fmt_number(r['ratio_min'], '.2f')}, "
-            f"{fmt_number(r['ratio_max'], '.2f')}]"
-            if r["ratio_median"] is not None and r.get("heldout_target_above_start", True)
-            else "—"
-        )
-        bias = (
-            f"{fmt_number(r.get('oracle/fed_bias/first_quarter'), '+.3f')} → "
-            f"{fmt_number(r.get('oracle/fed_bias/last_quarter'), '+.3f')}"
-        )
+        target = r.get("heldout_target_above_start", True)
+        errors = " / ".join(fmt_number(r.get(f"anchor_{s}_error_var"), ".4f")
+                            for s in ("real", "wm", "fed"))  # fmt: skip
         rows.append(
-            f"| {label} | {r['heldout_before']:.3f} → {r['heldout_final']:.3f} ± "
-            f"{r['heldout_final_se']:.3f} | {r['compute_total']:.0f} | {r['executions_total']:.0f} "
-            f"| {r['reached']}/{r['seeds']} | {ratio} | {matched_cell(r)} "
+            f"| {label} | {r.get('updates', float('nan')):.0f} "
+            f"| {r['executions_total']:.0f} ({r.get('cached_executions', 0.0):.0f}) "
+            f"| {r['compute_total']:.0f} "
+            f"| {r['heldout_before']:.3f} → {r['heldout_final']:.3f} ± {r['heldout_final_se']:.3f} "
+            f"| {ratio_cell(r, 'ratio') if target else '—'} "
+            f"| {ratio_cell(r, 'ratio_vs_control') if target else '—'} "
             f"| {r['train_reward_start']:.3f} → {r['train_reward_final']:.3f} "
-            f"| {r['train_reached']}/{r['seeds']}, "
-            f"{fmt_number(r['train_ratio_median'], '.2f')}× | {matched_cell(r, 'train_')} "
-            f"| {bias} "
-            f"| {fmt_number(r.get('oracle/fed_error_var/last_quarter'), '.4f')} |"
+            f"| {fmt_number(r.get('wm_rank_corr'), '.2f')} | {errors} |"
         )
     return "\n".join([head, *rows])
 
 
+def format_break_even(sweep: dict[float, dict], labels=("wmrl", "anchors_only")) -> str:
+    """Modelled-ledger ratios over the model size N: `{N: analysis}` -> markdown table."""
+    head = (
+        "| model size N | "
+        + " | ".join(f"{label}: real / run" for label in labels)
+        + " | wmrl: anchors_only / wmrl |\n|---|"
+        + "---|" * (len(labels) + 1)
+    )
+    rows = []
+    for n, analysis in sweep.items():
+        cells = [ratio_cell(analysis[label], "ratio") for label in labels]
+        cells.append(ratio_cell(analysis["wmrl"], "ratio_vs_control"))
+        rows.append(f"| {n / 1e9:g}B | " + " | ".join(cells) + " |")
+    return "\n".join([head, *rows])
+
+
 def _mean_se(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over seeds (axis 0) and its standard error (zero for one seed)."""
-    mean = x.mean(0)
-    n = x.shape[0]
-    return mean, (x.std(0, ddof=1) / np.sqrt(n) if n > 1 else 0 * mean)
+    """Mean over seeds (axis 0) and its standard error (zero for one seed); NaN entries
+    (after a run's end) are left out."""
+    finite = np.isfinite(x)
+    n = finite.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, np.where(finite, x, 0.0).sum(0) / n, np.nan)
+        var = np.where(finite, (x - mean) ** 2, 0.0).sum(0) / np.maximum(n - 1, 1)
+        se = np.where(n > 1, np.sqrt(var / np.maximum(n, 1)), 0.0)
+    return mean, se
 
 
 def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
@@ -161,24 +188,24 @@ def plot_compute_study(results: dict, labels: list[str], path, *, step_series):
         c = curves(results[label])
         mean, se = _mean_se(c["percentile"])
         for ax, xkey in ((axes[0, 0], "compute"), (axes[0, 1], "exec_seconds")):
-            x = c[xkey].mean(0)
+            x = _mean_se(c[xkey])[0]
             ax.plot(x, mean, label=label, color=color)
             ax.fill_between(x, mean - se, mean + se, alpha=0.2, color=color)
         # The true reward of the training samples, smoothed as in `analyse`.
         train = trailing_mean(step_series(results[label], "oracle/true_reward"), TRAIN_SMOOTH)
         train_mean, train_se = _mean_se(train)
-        x = step_series(results[label], "ledger/compute_seconds").mean(0)
+        x = _mean_se(step_series(results[label], "ledger/compute_seconds"))[0]
         axes[0, 2].plot(x, train_mean, label=label, color=color)
         axes[0, 2].fill_between(
             x, train_mean - train_se, train_mean + train_se, alpha=0.2, color=color
         )
-        steps = np.arange(1, len(results[label][0]["steps"]) + 1)
         for ax, key in (
             (axes[1, 0], "oracle/fed_bias"),
             (axes[1, 1], "oracle/fed_error_var"),
             (axes[1, 2], "oracle/wm_group_rank_corr"),
         ):
             series = step_series(results[label], key)
+            steps = np.arange(1, series.shape[1] + 1)
             if np.isfinite(series).any():
                 ax.plot(steps, trailing_mean(series, 5, over_seeds=True), label=label, color=color)
     axes[0, 0].set_xlabel("compute seconds (generation + WM + execution)")

@@ -16,7 +16,9 @@ arm means the same thing everywhere. A new arm is one line in `ARMS`.
 
 `anchors_only` executes exactly the groups `wmrl` would anchor (same rule,
 same key); with the "uncertain" anchor policy it has no variances to rank
-by and picks at random.
+by and picks at random. Having no use for the other groups, it does not
+sample them (`Arm.samples_anchors_only`): its generation and training cost
+are those of the anchor groups alone.
 
 Rows without a usable reward (unexecuted rows of a WM-free arm) are masked
 out of the group statistics and the loss.
@@ -63,6 +65,11 @@ class Arm:
             raise ValueError(f"arm {self.name!r}: without a world model it must use real scores")
         if self.ivd and not self.use_real:
             raise ValueError(f"arm {self.name!r}: IVD fuses real scores, so it needs use_real")
+
+    @property
+    def samples_anchors_only(self) -> bool:
+        """WM-free and executing the anchors: unexecuted groups are never sampled."""
+        return not self.world_model and self.executes == "anchors"
 
     def num_anchor_groups(self, num_groups: int, fraction: float) -> int:
         """Groups executed in a step of `num_groups`: all, none or max(1, round(ρ·groups))."""

@@ -171,7 +171,12 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
     else:
         environment = "local" if isinstance(executor, sandbox.LocalExecutor) else "docker"
     return (
-        outcomes_lib.SandboxOutcomes(executor, floors=floors, timeout_s=kwargs["timeout_s"]),
+        outcomes_lib.SandboxOutcomes(
+            executor,
+            floors=floors,
+            timeout_s=kwargs["timeout_s"],
+            num_replicates=config.executor.replicates,
+        ),
         environment,
     )
 

@@ -65,6 +65,11 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.cost_model.params = 0.0
     config.cost_model.accelerator = "A100"
     config.cost_model.mfu = 0.4
+    # Charge each row at an LLM's lengths (0: the run's own token counts): a sample's
+    # prompt + completion, a WM score's prompt + answer, a trained row.
+    config.cost_model.sample_tokens = 0.0
+    config.cost_model.wm_tokens = 0.0
+    config.cost_model.train_tokens = 0.0
 
     config.tasks = ml_collections.ConfigDict()
     config.tasks.source = "builtin"  # "builtin", "dir" or "mle_dojo".
@@ -98,8 +103,11 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.executor.ray_node_resource = ""  # Only nodes declaring it run sandboxes.
     config.executor.engines = ""  # Comma-separated engine URLs; "" = WMRL_DOCKER_ENGINES.
     config.executor.table = ""  # Recipe table answering "replay"; "" = the committed one.
-    # Answer a repeat of an already executed (task, program) from the run's cache, free.
+    # Answer a replicate already executed in this run from the run's cache, free.
     config.executor.cache = True
+    # Seeds a program is executed under in a sandbox (replicate k sets WMRL_REPLICATE=k);
+    # a run pays at most this many executions per distinct program. Replay: the table's.
+    config.executor.replicates = 1
 
     config.rewards = ml_collections.ConfigDict()
     config.rewards.invalid = -0.25
@@ -224,6 +232,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             f"config.group_size must be >= 2 for group advantages, got {config.group_size}"
         )
     _at_least(config, "executor.deadline_s", 0.0)
+    _at_least(config, "executor.replicates", 1)
     if not config.executor.timeout_s > 0:
         raise ConfigError(f"config.executor.timeout_s must be > 0, got {config.executor.timeout_s}")
     if not config.correction.real_var_prior > 0:
@@ -242,7 +251,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "depend on the run's length: set config.optimizer.total_steps (e.g. with "
             "config.optimizer.end_lr_ratio=1.0 for a constant rate after warm-up)"
         )
-    _at_least(config, "cost_model.params", 0.0)
+    for field in ("params", "sample_tokens", "wm_tokens", "train_tokens"):
+        _at_least(config, f"cost_model.{field}", 0.0)
     if config.cost_model.params:
         try:
             cost.from_config(config)

@@ -11,6 +11,12 @@ measured execution seconds, which do not depend on the model:
     modelled seconds = exec_seconds + (2·N·(gen_tokens + wm_tokens) + 6·N·train_tokens)
                                       / (peak_flops · mfu)
 
+The token counts are the run's own, unless `lengths` gives an LLM's sequence
+lengths per row: a tiny stand-in backbone (the recipe agent writes a program
+in six tokens) then is charged as if each sample, world-model score and
+trained row were as long as an LLM agent's (`samples × sample`,
+`wm_rows × wm_row`, `train_rows × train_row` tokens).
+
 It is a model, labelled as such wherever it is reported (`ledger/modelled_*`);
 the measured ledger stays the headline of a run.
 
@@ -33,6 +39,20 @@ ACCELERATORS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "B200": 2250e12}
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenLengths:
+    """An LLM agent's tokens per row: a sample (prompt + completion), a world-model
+    score (prompt + answer), a trained row (prompt + completion)."""
+
+    sample: float
+    wm_row: float
+    train_row: float
+
+    def __post_init__(self):
+        if min(self.sample, self.wm_row, self.train_row) <= 0:
+            raise ValueError(f"token lengths must be > 0, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
 class CostModel:
     """Token costs of an N-parameter model on one accelerator (see the module docstring).
 
@@ -40,20 +60,30 @@ class CostModel:
       params: N, the model's parameter count.
       peak_flops: the accelerator's peak FLOP/s.
       mfu: model FLOPs utilisation in (0, 1].
+      lengths: tokens per row to charge instead of the run's own counts.
     """
 
     params: float
     peak_flops: float
     mfu: float
+    lengths: TokenLengths | None = None
 
     def __post_init__(self):
         if not (self.params > 0 and self.peak_flops > 0 and 0 < self.mfu <= 1):
             raise ValueError(f"need params > 0, peak_flops > 0, 0 < mfu <= 1; got {self}")
 
+    def tokens(self, ledger: Ledger) -> tuple[float, float]:
+        """(forward-only tokens, trained tokens) charged for `ledger`."""
+        if self.lengths is None:
+            return ledger.gen_tokens + ledger.wm_tokens, ledger.train_tokens
+        n = self.lengths
+        forward = ledger.samples * n.sample + ledger.wm_rows * n.wm_row
+        return forward, ledger.train_rows * n.train_row
+
     def token_seconds(self, ledger: Ledger) -> float:
         """Accelerator seconds of the ledger's tokens."""
-        flops = 2 * self.params * (ledger.gen_tokens + ledger.wm_tokens)
-        flops += 6 * self.params * ledger.train_tokens
+        forward, trained = self.tokens(ledger)
+        flops = 2 * self.params * forward + 6 * self.params * trained
         return flops / (self.peak_flops * self.mfu)
 
     def seconds(self, ledger: Ledger) -> float:
@@ -71,4 +101,7 @@ def from_config(config: ml_collections.ConfigDict) -> CostModel | None:
             f"config.cost_model.accelerator must be one of {tuple(ACCELERATORS)}, "
             f"got {c.accelerator!r}"
         )
-    return CostModel(float(c.params), ACCELERATORS[c.accelerator], float(c.mfu))
+    lengths = None
+    if c.sample_tokens:
+        lengths = TokenLengths(float(c.sample_tokens), float(c.wm_tokens), float(c.train_tokens))
+    return CostModel(float(c.params), ACCELERATORS[c.accelerator], float(c.mfu), lengths)

@@ -8,12 +8,20 @@ cannot be trusted: infrastructure errors after the retries and non-finite
 rewards. Failures of the *program* (crash, timeout, invalid output) are
 rewards, never dropped.
 
-The execution cache: programs are deterministic given their task (seeded), so
-a (task, program) pair already executed in this run is answered from the
-run's cache and charged nothing; a pair sampled twice in one step is executed
-once. Every arm uses the same cache, so arms pay for unique executions only;
-`executions` (charged) and `cached` (answered from the cache) are reported
-apart. The cache travels with the checkpoints.
+Replicates and the execution cache. A program's result varies with its seeds
+(model seed, validation split): an outcome source declares `num_replicates`,
+R, and executes replicate k of a program on request. The n-th request of a
+(task, program) in a run gets replicate `(offset + n) mod R`, where the offset
+is drawn from the run seed and the pair (so seeds of a study see different
+replicates first). A replicate already executed in this run is answered from
+the run's cache and charged nothing, so a run pays at most R executions per
+distinct program; with R = 1 a program is executed once (and a pair sampled
+twice in one step once). Every arm uses the same cache, so arms pay for
+unique executions only; `executions` (charged) and `cached` (answered from
+the cache) are reported apart. A fresh execution of a program whose other
+replicate is already known comes back with that replicate as its *partner*:
+the pair estimates σ²_real, the real outcome noise the fusion weighs. The
+cache travels with the checkpoints.
 """
 
 from __future__ import annotations
@@ -40,12 +48,15 @@ class OutcomeSource(Protocol):
     Attributes:
       fingerprint: a content digest of whatever decides the answers (a replay
         table), checked when a run resumes; None for sources that execute.
+      num_replicates: R, the distinct executions a program has (seeds it runs
+        under); `submit` takes `replicate` in [0, R).
     """
 
     fingerprint: str | None
+    num_replicates: int
 
-    def submit(self, task: Task, source: str) -> concurrent.futures.Future:
-        """Starts executing `source` on `task`; the future's result is an `Outcome`."""
+    def submit(self, task: Task, source: str, *, replicate: int = 0) -> concurrent.futures.Future:
+        """Starts replicate `replicate` of `source` on `task`; the result is an `Outcome`."""
         ...
 
     def close(self) -> None:
@@ -59,6 +70,9 @@ class Collected:
 
     Attributes:
       outcomes: {row: Outcome} of the rows with a trustworthy result.
+      partners: {row: Outcome}, for rows freshly executed whose program has
+        another replicate known in this run: that replicate (finite rewards
+        only), so that each pair is seen once.
       counts: "infra_errors" (failed attempts), "dropped" (rows given up on),
         "nonfinite" (rows whose reward was NaN or infinite), "cached" (rows
         answered from the cache or by another row of the step).
@@ -67,18 +81,25 @@ class Collected:
     """
 
     outcomes: dict[int, Outcome]
+    partners: dict[int, Outcome]
     counts: dict[str, int]
     executions: int
     exec_seconds: float
 
 
 def cache_key(task: Task, program: str) -> tuple[str, str]:
-    """What identifies an execution: the task and the sha256 of the program's text."""
+    """What identifies a program: the task and the sha256 of the program's text."""
     return task.id, hashlib.sha256(program.encode()).hexdigest()
 
 
+def first_replicate(key: tuple[str, str], seed: int, num_replicates: int) -> int:
+    """The replicate a run's first request of `key` gets: a hash of (seed, key) mod R."""
+    digest = hashlib.sha256(f"{seed}:{key[0]}:{key[1]}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % num_replicates
+
+
 class Runner:
-    """Runs a step's anchors: cache, submit, retry infrastructure errors, reject bad rewards.
+    """Runs a step's anchors: replicates, cache, retries, rejected rewards.
 
     Args:
       source: the `OutcomeSource`.
@@ -86,67 +107,93 @@ class Runner:
         infrastructure reasons.
       on_infra_error: "wm_only" (drop the row: it keeps its world-model reward)
         or "raise" (stop training).
-      cache: answer repeats of an executed (task, program) from the run's cache.
+      cache: answer a replicate already executed in this run from the cache.
+      seed: the run seed, which decides each program's first replicate.
     """
 
     def __init__(
-        self, source: OutcomeSource, *, retries: int, on_infra_error: str, cache: bool = True
+        self,
+        source: OutcomeSource,
+        *,
+        retries: int,
+        on_infra_error: str,
+        cache: bool = True,
+        seed: int = 0,
     ):
         self.source, self.retries, self.on_infra_error = source, retries, on_infra_error
-        self.use_cache = cache
-        self.cache: dict[tuple[str, str], Outcome] = {}
+        self.use_cache, self.seed = cache, seed
+        self.num_replicates = int(source.num_replicates)
+        if self.num_replicates < 1:
+            raise ValueError(f"an outcome source needs num_replicates >= 1, got {source!r}")
+        self.cache: dict[tuple[str, str], dict[int, Outcome]] = {}
+        self.requests: dict[tuple[str, str], int] = {}
+
+    def _next_replicate(self, key: tuple[str, str]) -> int:
+        n = self.requests.get(key, 0)
+        self.requests[key] = n + 1
+        return (first_replicate(key, self.seed, self.num_replicates) + n) % self.num_replicates
 
     def submit(
         self, tasks: Sequence[Task], programs: Sequence[str], rows: Sequence[int], g: int
-    ) -> dict[int, tuple[tuple[str, str], concurrent.futures.Future | None]]:
+    ) -> dict[int, tuple[tuple, concurrent.futures.Future | None]]:
         """Starts `programs[i]` (of task `tasks[i // g]`) for every row i in `rows`.
 
-        Returns `{row: (key, future)}`; the future is None where the cache or an
-        earlier row of this step answers the row.
+        Returns `{row: ((key, replicate), future)}`; the future is None where the
+        cache or an earlier row of this step answers the row.
         """
         pending, started = {}, set()
         for i in map(int, rows):
             key = cache_key(tasks[i // g], programs[i])
-            if self.use_cache and (key in self.cache or key in started):
-                pending[i] = (key, None)
+            k = self._next_replicate(key)
+            known = self.use_cache and (k in self.cache.get(key, {}) or (key, k) in started)
+            if known:
+                pending[i] = ((key, k), None)
                 continue
-            started.add(key)
-            pending[i] = (key, self.source.submit(tasks[i // g], programs[i]))
+            started.add((key, k))
+            pending[i] = ((key, k), self.source.submit(tasks[i // g], programs[i], replicate=k))
         return pending
+
+    def _result(self, fut, task: Task, program: str, k: int, counts: dict) -> tuple:
+        """`(outcome or None when dropped, attempts)` of one submitted execution."""
+        out, attempts = fut.result(), 1
+        for _ in range(self.retries):
+            if out.status != "infra_error":
+                break
+            counts["infra_errors"] += 1
+            out = self.source.submit(task, program, replicate=k).result()
+            attempts += 1
+        if out.status != "infra_error":
+            return out, attempts
+        counts["infra_errors"] += 1
+        if self.on_infra_error == "raise":
+            raise RuntimeError(f"sandbox infrastructure error, retries spent: {out.message}")
+        return None, attempts
 
     def collect(
         self, pending: dict, tasks: Sequence[Task], programs: Sequence[str], g: int
     ) -> Collected:
         """Waits for the rows of `submit`; dropped rows are absent from the outcomes."""
         counts = {"infra_errors": 0, "dropped": 0, "nonfinite": 0, "cached": 0}
-        results: dict[tuple[str, str], Outcome | None] = {}
+        results: dict[tuple, Outcome | None] = {}
+        partners: dict[int, Outcome] = {}
         executions, seconds = 0, 0.0
-        for i, (key, fut) in pending.items():
+        for i, ((key, k), fut) in pending.items():
             if fut is None:
                 continue
-            out = fut.result()
-            executions += 1
-            for _ in range(self.retries):
-                if out.status != "infra_error":
-                    break
-                counts["infra_errors"] += 1
-                out = self.source.submit(tasks[i // g], programs[i]).result()
-                executions += 1
-            if out.status == "infra_error":
-                counts["infra_errors"] += 1
-                if self.on_infra_error == "raise":
-                    raise RuntimeError(
-                        f"sandbox infrastructure error, retries spent: {out.message}"
-                    )
-                results[key] = None
+            out, attempts = self._result(fut, tasks[i // g], programs[i], k, counts)
+            executions += attempts
+            results[key, k] = out
+            if out is None:
                 continue
             seconds += float(out.seconds)
-            results[key] = out
-            if self.use_cache:
-                self.cache[key] = out
+            known = self.cache.setdefault(key, {})
+            others = [o for j, o in known.items() if j != k and np.isfinite(o.reward)]
+            if others and np.isfinite(out.reward):
+                partners[i] = others[-1]
+            known[k] = out  # The seconds are charged; the result is kept even without cache.
         done = {}
-        for i, (key, fut) in pending.items():
-            out = results.get(key) if fut is not None else results.get(key, self.cache.get(key))
+        for i, ((key, k), fut) in pending.items():
+            out = results.get((key, k), self.cache.get(key, {}).get(k))
             if fut is None and out is not None:
                 counts["cached"] += 1
             if out is None:
@@ -164,18 +211,29 @@ class Runner:
             )
         if counts["nonfinite"]:
             log.warning("%d non-finite rewards rejected this step", counts["nonfinite"])
-        return Collected(done, counts, executions, seconds)
+        return Collected(done, partners, counts, executions, seconds)
 
-    def cache_state(self) -> list[list]:
-        """The cache as strict-JSON rows `[task_id, digest, *Outcome]`, NaN as None."""
+    def cache_state(self) -> dict:
+        """The cache as strict JSON: rows `[task_id, digest, replicate, *Outcome]` (NaN
+        as None) and the request counts `[task_id, digest, n]`."""
 
         def plain(v):
             return None if isinstance(v, float) and not math.isfinite(v) else v
 
-        return [[*key, *map(plain, out)] for key, out in self.cache.items()]
+        rows = [
+            [*key, k, *map(plain, out)]
+            for key, outs in self.cache.items()
+            for k, out in outs.items()
+        ]
+        return {"outcomes": rows, "requests": [[*key, n] for key, n in self.requests.items()]}
 
-    def restore_cache(self, rows: Sequence[Sequence]) -> None:
-        """Inverse of `cache_state` (None back to NaN)."""
-        self.cache = {
-            (r[0], r[1]): Outcome(*(math.nan if v is None else v for v in r[2:])) for r in rows
-        }
+    def restore_cache(self, state: dict | Sequence) -> None:
+        """Inverse of `cache_state`; a list of rows `[task_id, digest, *Outcome]` (the
+        format before replicates) restores replicate 0 of each."""
+        if not isinstance(state, dict):
+            state = {"outcomes": [[r[0], r[1], 0, *r[2:]] for r in state], "requests": []}
+        self.cache = {}
+        for r in state["outcomes"]:
+            out = Outcome(*(math.nan if v is None else v for v in r[3:]))
+            self.cache.setdefault((r[0], r[1]), {})[int(r[2])] = out
+        self.requests = {(r[0], r[1]): int(r[2]) for r in state["requests"]}

@@ -55,6 +55,11 @@ class Ledger(NamedTuple):
             a program already executed on that task): reported, not charged.
         train_tokens: tokens through the train step's forward and backward
             (over all epochs); the modelled cost reads it (`train.cost`).
+        samples: policy samples generated.
+        wm_rows: samples the world model scored.
+        train_rows: rows through the train step (over all epochs), auxiliary
+            world-model rows included. The modelled cost can charge these at
+            an LLM's sequence lengths (`train.cost.CostModel.lengths`).
     """
 
     gen_tokens: float = 0.0
@@ -67,6 +72,9 @@ class Ledger(NamedTuple):
     accelerator_seconds: float = 0.0
     cached: float = 0.0
     train_tokens: float = 0.0
+    samples: float = 0.0
+    wm_rows: float = 0.0
+    train_rows: float = 0.0
 
     def add(self, other: "Ledger") -> "Ledger":
         """Fieldwise sum (e.g. cumulative total plus this step)."""

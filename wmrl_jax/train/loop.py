@@ -118,6 +118,7 @@ class Trainer:
         self.runner = Runner(
             outcomes, retries=config.executor.infra_retries,
             on_infra_error=config.executor.on_infra_error, cache=config.executor.cache,
+            seed=config.seed,
         )  # fmt: skip
         self.correction = builder.make_correction(config)
         self.cost_model = cost.from_config(config)
@@ -146,6 +147,7 @@ class Trainer:
             else None
         )
         self._correct = jax.jit(self.correction.update)
+        self._debias = jax.jit(self.correction.debias)
 
     def _init_state(self, params):
         # A copy: the state is donated to the train step, the run's key is not.
@@ -233,6 +235,11 @@ class Trainer:
         key = jax.random.fold_in(self.key, step)
         k_roll, k_anchor, k_wm, k_train = jax.random.split(key, 4)
         tasks = stages.step_tasks(self.tasks.train, seed=c.seed, step=step, count=c.tasks_per_step)
+        if self.arm.samples_anchors_only:  # The groups wmrl would anchor (same key), alone.
+            chosen = arms.choose_anchor_groups(
+                self.arm, k_anchor, num_groups=len(tasks), fraction=c.anchor_fraction
+            )
+            tasks = [t for t, keep in zip(tasks, chosen, strict=True) if keep]
         record = StepRecord(step, tasks, c.group_size)
         timing = LedgerStep()
         params = self.state.params
@@ -263,7 +270,7 @@ class Trainer:
         params = self.state.params if self.wm_params is None else self.wm_params
         with timing.timed("wm_seconds"):
             record.wm = self.agent.predict(params, record.tasks, record.rollout, key=key)
-        timing.add(wm_tokens=record.wm.wm_tokens)
+        timing.add(wm_tokens=record.wm.wm_tokens, wm_rows=record.num_rows)
         if record.wm.parse_failures == record.num_rows:
             log.warning(
                 "step %d: the world model produced no usable prediction; rewards come "
@@ -273,6 +280,9 @@ class Trainer:
 
     def _choose_anchors(self, record: StepRecord, key) -> None:
         g = record.group_size
+        if self.arm.samples_anchors_only:  # Its step's groups are the anchors already.
+            record.anchor_groups = np.ones(record.num_rows // g, bool)
+            return
         group_var = None
         if record.wm is not None:
             group_var = np.nanmean(record.wm.var.reshape(-1, g), axis=1)
@@ -289,11 +299,13 @@ class Trainer:
         g, programs = record.group_size, record.rollout.programs
         got = self.runner.collect(pending, record.tasks, programs, g)
         record.outcomes, record.exec_counts = got.outcomes, got.counts
+        record.partner = stages.partner_rewards(got.partners, record.num_rows)
         for i, out in record.outcomes.items():  # In-context anchors for later WM prompts.
             self.agent.observe(record.tasks[i // g], programs[i], out)
         record.real, record.executed = stages.real_rewards(record.outcomes, record.num_rows)
         timing.add(
             gen_tokens=record.rollout.gen_tokens,
+            samples=record.num_rows,
             executions=got.executions,
             exec_seconds=got.exec_seconds,
             cached=got.counts["cached"],
@@ -301,17 +313,21 @@ class Trainer:
 
     def _correct_rewards(self, record: StepRecord) -> None:
         if self.arm.world_model:
-            wm = record.wm
+            wm, before = record.wm, self.state.extra["correction"]
+            record.debiased = np.asarray(self._debias(before, wm.mean), np.float32)
             rewards, corr_state, diag = self._correct(
-                self.state.extra["correction"], wm.mean, wm.var, record.real, record.executed
-            )
+                before, wm.mean, wm.var, record.real, record.executed,
+                real_replicate=record.partner,
+            )  # fmt: skip
             self.state = self.state.replace(extra={**self.state.extra, "correction": corr_state})
             record.rewards = np.asarray(rewards, np.float32)
             record.correction = {k: float(v) for k, v in diag.items()}
             # An unusable prediction is no reward: masked, unless a real score stands in.
             valid = np.isfinite(wm.mean) | (record.executed & self.arm.use_real)
         else:
-            record.rewards, valid = stages.wm_free_rewards(record.real, record.executed)
+            record.rewards, valid = stages.wm_free_rewards(
+                record.real, record.executed, record.partner
+            )
         record.valid = stages.finite_rows(record.rewards, valid, step=record.step)
 
     def _update(self, record: StepRecord, key, timing: LedgerStep) -> dict[str, float]:
@@ -322,10 +338,15 @@ class Trainer:
             batch.update(
                 self.agent.aux_batch(record.tasks, record.rollout, record.real, record.executed)
             )
-        trained = float(batch["attention_mask"].sum())
-        if "aux_tokens" in batch:  # The world model's own sequences, trained beside.
-            trained += float(batch["aux_tokens"].size)
-        timing.add(train_tokens=trained * c.train.num_epochs)
+        # Rows out of the loss (masked) cost nothing: an implementation would drop them.
+        trained = float(batch["attention_mask"][record.valid].sum())
+        rows = float(record.valid.sum())
+        if "aux_tokens" in batch:  # The world model's own sequences (those with a target).
+            aux_rows = batch["aux_mask"].any(axis=1)
+            trained += float(aux_rows.sum() * batch["aux_tokens"].shape[1])
+            rows += float(aux_rows.sum())
+        epochs = c.train.num_epochs
+        timing.add(train_tokens=trained * epochs, train_rows=rows * epochs)
         with timing.timed("train_seconds"):
             self.state, train_metrics = self.train_step(self.state, batch, key)
             train_metrics = jax.device_get(train_metrics)

@@ -43,6 +43,10 @@ class StepRecord:
       exec_counts: infrastructure errors, dropped rows and rejected rewards.
       real: [N] real rewards, NaN where not executed.
       executed: [N] bool, rows with a real reward.
+      partner: [N] another replicate's real reward of the row's program, NaN
+        where none (see `execution.Collected.partners`).
+      debiased: [N] the world model's predictions under the map fitted before
+        this step (the WM-only stream), None without a world model.
       rewards: [N] the rewards fed to GRPO.
       valid: [N] bool, rows that enter the group statistics and the loss.
       correction: the correction's diagnostics (empty without a world model).
@@ -59,6 +63,8 @@ class StepRecord:
     exec_counts: dict = dataclasses.field(default_factory=dict)
     real: np.ndarray | None = None
     executed: np.ndarray | None = None
+    partner: np.ndarray | None = None
+    debiased: np.ndarray | None = None
     rewards: np.ndarray | None = None
     valid: np.ndarray | None = None
     correction: dict = dataclasses.field(default_factory=dict)
@@ -90,8 +96,21 @@ def real_rewards(outcomes: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     return real, executed
 
 
-def wm_free_rewards(real: np.ndarray, executed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fed rewards of an arm without a world model: real scores, only executed rows valid."""
+def partner_rewards(partners: dict, n: int) -> np.ndarray:
+    """[n]: each row's partner replicate reward, NaN where it has none."""
+    out = np.full(n, np.nan, np.float32)
+    for i, p in partners.items():
+        out[i] = p.reward
+    return out
+
+
+def wm_free_rewards(
+    real: np.ndarray, executed: np.ndarray, partner: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fed rewards of an arm without a world model: real scores (the mean with the
+    partner replicate where there is one, as the fusion does), only executed rows valid."""
+    if partner is not None:
+        real = np.where(np.isfinite(partner), 0.5 * (real + partner), real)
     return np.where(executed, real, 0.0).astype(np.float32), executed.copy()
 
 
@@ -136,6 +155,7 @@ def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
     m: dict[str, float] = {f"correction/{k}": float(v) for k, v in r.correction.items()}
     m.update({f"anchors/{k}": float(v) for k, v in r.exec_counts.items()})
     m["anchors/groups"] = float(r.anchor_groups.sum())
+    m["anchors/replicate_pairs"] = float(np.isfinite(r.partner).sum())
     m["reward/masked_rows"] = float(np.sum(~valid))
     if valid.any():
         m["reward/fed_mean"] = float(np.mean(r.rewards[valid]))

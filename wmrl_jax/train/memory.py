@@ -1,0 +1,391 @@
+"""The memory plan of a text-agent run: what each device holds, and the micro-batches that fit.
+
+`plan(model_config, workload, mesh, device)` is a pure function. Per device of
+the (data, fsdp, tensor) mesh it counts
+
+* **resident** state, there for the whole run: the policy params (sharded by
+  `models.sharding`, counted exactly), the AdamW moments (two per param, in the
+  params' dtype as optax keeps them unless told otherwise), the frozen reference
+  params when `train.loss.kl_coef` != 0, a frozen world-model copy when
+  `agent.wm_params` is "initial" (today a copy of the loaded params, unsharded),
+  and the unsharded copy the agent loads onto the first device (kept while the
+  trainer holds it; the worst device is planned);
+* **generation** (rollouts, then world-model passes): per sequence, the decode
+  cache at P + M slots (exact) and the prefill's working set (an estimate,
+  `models.memory.prefill_bytes_per_row`); the largest number of rows per device
+  that fits is the micro-batch, and rows x (data x fsdp) is the agent's batch;
+* **training**: the float32 gradient accumulator and one micro-batch gradient,
+  plus the activations of the rows of one micro-batch on one device
+  (`models.memory.train_bytes_per_row`, with per-layer remat if the config asks).
+
+A plan that does not fit lists each problem with the knob that fixes it, worked
+out by searching the config's own fields (lengths, micro-batches, mesh).
+
+Example:
+    >>> p = plan(architectures.get("qwen3-8b"), workload_from_config(config),
+    ...          {"data": 1, "fsdp": 8, "tensor": 1}, named_device("h200"))
+    >>> print(p.format()); p.fits
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+
+from wmrl_jax.models import memory as model_memory
+
+GIB = 2**30
+# Bytes of memory per device of a named accelerator ("cpu": this host's RAM, shared).
+ACCELERATORS = {"h200": 141e9, "h100": 80 * GIB, "a100-80": 80 * GIB, "a100-40": 40 * GIB}
+JAX_MEM_FRACTION = 0.75  # JAX's default share of an accelerator's memory.
+RESERVE = 2 * GIB  # Runtime, cuBLAS / cuDNN workspaces, fragmentation.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+AXES = ("data", "fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One device's memory: its name, total bytes, and the bytes a run may use."""
+
+    name: str
+    total: float
+    usable: float
+    note: str = ""
+
+
+def named_device(name: str, mesh_devices: int = 1) -> Device:
+    """A named accelerator ("h200", "h100", "a100-80", "a100-40" or "cpu").
+
+    GPUs give JAX `XLA_PYTHON_CLIENT_MEM_FRACTION` of their memory (0.75 unless
+    set); "cpu" shares this host's RAM among the mesh's devices.
+    """
+    key = name.strip().lower()
+    if key == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / max(mesh_devices, 1)
+        return Device("cpu", total, total - RESERVE, f"host RAM / {mesh_devices} devices")
+    if key not in ACCELERATORS:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join([*ACCELERATORS, 'cpu'])}")
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_MEM_FRACTION))
+    total = ACCELERATORS[key]
+    note = f"JAX's share {fraction:g} (XLA_PYTHON_CLIENT_MEM_FRACTION) less {RESERVE / GIB:g} GiB"
+    return Device(key, total, total * fraction - RESERVE, note)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one training step of a text agent puts on the devices (from its config).
+
+    Attributes:
+        param_dtype, compute_dtype: the agent's params dtype and the train step's.
+        rollout_rows: sequences sampled per step (tasks_per_step x group_size).
+        prompt_tokens, new_tokens: P and M of the rollouts (train sequences: P + M).
+        anchors_per_task: executed programs shown in each world-model prompt.
+        wm_samples, wm_new_tokens: answers per program, and their length.
+        microbatches: `config.train.num_microbatches`.
+        wm_prompt_tokens: the world model's prompt length; None: P + (1 + anchors) M,
+            the agent's default.
+        opt_dtype: the AdamW moments' dtype; None: the params' (optax's default).
+        reference: a frozen reference copy for the KL term (`kl_coef` != 0).
+        frozen_wm: a frozen world-model copy (`agent.wm_params` = "initial").
+        remat: per-layer rematerialisation in the train step.
+        unsharded_load: the agent loads its params onto the first device before
+            they are sharded, and that copy stays alive (today's `make_agent`).
+    """
+
+    param_dtype: str
+    compute_dtype: str
+    rollout_rows: int
+    prompt_tokens: int
+    new_tokens: int
+    anchors_per_task: int
+    wm_samples: int
+    wm_new_tokens: int
+    microbatches: int
+    wm_prompt_tokens: int | None = None
+    opt_dtype: str | None = None
+    reference: bool = False
+    frozen_wm: bool = False
+    remat: bool = False
+    unsharded_load: bool = True
+
+    @property
+    def wm_prompt(self) -> int:
+        default = self.prompt_tokens + (1 + self.anchors_per_task) * self.new_tokens
+        return self.wm_prompt_tokens or default
+
+    @property
+    def wm_rows(self) -> int:
+        return self.rollout_rows * self.wm_samples
+
+
+def workload_from_config(config) -> Workload:
+    """The `Workload` of a training config with a text agent (`config.agent.text`)."""
+    text = config.agent.text
+    return Workload(
+        param_dtype=text.dtype,
+        compute_dtype=config.train.compute_dtype,
+        rollout_rows=config.tasks_per_step * config.group_size,
+        prompt_tokens=text.max_prompt_tokens,
+        new_tokens=text.max_new_tokens,
+        anchors_per_task=text.anchors_per_task,
+        wm_samples=text.wm_samples,
+        wm_new_tokens=text.wm_max_new_tokens,
+        wm_prompt_tokens=text.get("wm_max_prompt_tokens") or None,
+        microbatches=config.train.num_microbatches,
+        reference=config.train.loss.kl_coef != 0,
+        frozen_wm=config.agent.wm_params == "initial",
+        remat=bool(config.train.get("remat", False)),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device bytes of one run (see the module docstring); `problems` empty = fits."""
+
+    mesh: dict
+    device: Device
+    workload: Workload
+    param_count: int
+    resident: dict  # name -> bytes, the whole run
+    grads: float
+    gen_row: float  # cache + prefill, one rollout sequence
+    wm_row: float  # cache + prefill, one world-model sequence
+    train_row: float  # activations, one training sequence
+    train_row_remat: float
+    train_rows: int  # training rows per device per micro-batch
+    gen_rows: int  # largest rollout rows per device
+    wm_rows: int  # largest world-model rows per device
+    problems: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    @property
+    def train_peak(self) -> float:
+        """Resident state, gradients and one micro-batch's activations."""
+        return sum(self.resident.values()) + self.grads + self.train_rows * self.train_row
+
+    @property
+    def train_fits(self) -> bool:
+        return self.train_peak <= self.device.usable
+
+    @property
+    def batch_devices(self) -> int:
+        return self.mesh["data"] * self.mesh["fsdp"]
+
+    def format(self) -> str:
+        """The plan as a table, one line per term, in GiB."""
+        w, resident = self.workload, sum(self.resident.values())
+
+        def row(label: str, size: float, note: str = "") -> str:
+            return f"  {label:<40}{size / GIB:8.1f} GiB{note}"
+
+        def batch(per_device: int, rows: int) -> str:
+            size = min(per_device * self.batch_devices, rows)
+            return f"  -> {per_device} per device, batch_size={size} of {rows}"
+
+        remat = " (remat)" if w.remat else f"  (with remat: {self.train_row_remat / GIB:.1f} GiB)"
+        shown = ", ".join(f"{a}={self.mesh[a]}" for a in AXES)
+        lines = [
+            f"memory plan per device: {self.device.name}, mesh {shown}",
+            row("usable device memory", self.device.usable,
+                f" of {self.device.total / GIB:.1f} ({self.device.note})" if self.device.note
+                else f" of {self.device.total / GIB:.1f}"),
+            f"  model: {self.param_count / 1e9:.2f} B params in {w.param_dtype}",
+            *(row(name, size) for name, size in self.resident.items()),
+            row("resident total", resident),
+            row(f"rollout sequence ({w.prompt_tokens}+{w.new_tokens} tokens)", self.gen_row,
+                batch(self.gen_rows, w.rollout_rows)),
+            row(f"WM sequence ({w.wm_prompt}+{w.wm_new_tokens} tokens)", self.wm_row,
+                batch(self.wm_rows, w.wm_rows)),
+            row("gradients (f32 sum + one micro-batch)", self.grads),
+            row(f"train sequence ({w.prompt_tokens + w.new_tokens} tokens)", self.train_row, remat),
+            row(f"train peak ({self.train_rows} seq/device/micro-batch)", self.train_peak),
+        ]  # fmt: skip
+        verdict = ["  fits"] if self.fits else [f"  DOES NOT FIT: {p}" for p in self.problems]
+        return "\n".join(lines + verdict)
+
+
+def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
+    pb = DTYPE_BYTES[w.param_dtype]
+    shard = model_memory.param_elements_per_device(config, mesh)
+    full = model_memory.param_count(config)
+    out = {
+        "params": shard * pb,
+        "optimizer (AdamW mu, nu)": 2 * shard * DTYPE_BYTES[w.opt_dtype or w.param_dtype],
+    }
+    if w.reference:
+        out["reference params (KL)"] = shard * pb
+    if w.frozen_wm:
+        out["frozen WM params (unsharded)"] = full * pb
+    if w.unsharded_load and math.prod(mesh.values()) > 1:  # one device: no second copy
+        out["loaded params on device 0"] = full * pb
+    if mesh["fsdp"] > 1:  # FSDP all-gathers weights of a layer, twice (prefetch)
+        gathered = 2 * model_memory.largest_layer_elements(config)
+        gathered += (
+            config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+        )
+        out["FSDP-gathered weights (in use)"] = gathered * pb // mesh["tensor"]
+    return out
+
+
+def _rows(free: float, per_row: float) -> int:
+    return max(int(free // per_row), 0) if per_row > 0 else 0
+
+
+def plan(config, workload: Workload, mesh: Mapping[str, int], device: Device) -> MemoryPlan:
+    """The `MemoryPlan` of `workload` on `mesh` (axis sizes) of `device`s.
+
+    Args:
+        config: the decoder's typed config (`Qwen3Config` or `Qwen3_5Config`).
+        workload: lengths, batch sizes and dtypes of the run.
+        mesh: {"data": d, "fsdp": f, "tensor": t}.
+        device: the memory of one device.
+
+    Returns:
+        A `MemoryPlan`; its `problems` name the knob to change when it does not fit.
+    """
+    p = _measure(config, workload, mesh, device)
+    problems = list(_knobs(config, workload, p))
+    return dataclasses.replace(p, problems=tuple(problems))
+
+
+def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> MemoryPlan:
+    """The plan's numbers, without the search for knobs."""
+    mesh = {a: int(mesh.get(a, 1)) for a in AXES}
+    pb, cb, t = DTYPE_BYTES[w.param_dtype], DTYPE_BYTES[w.compute_dtype], mesh["tensor"]
+    resident = _resident(config, w, mesh)
+    grads = model_memory.param_elements_per_device(config, mesh) * (4 + cb)
+
+    def sequence(prompt: int, new: int) -> int:
+        slots = prompt + new
+        cache = model_memory.cache_bytes_per_row(config, slots, pb, t)
+        return cache + model_memory.prefill_bytes_per_row(config, prompt, slots, pb, t)
+
+    tokens = w.prompt_tokens + w.new_tokens
+    gen_row, wm_row = (
+        sequence(w.prompt_tokens, w.new_tokens),
+        sequence(w.wm_prompt, w.wm_new_tokens),
+    )
+    free = device.usable - sum(resident.values())
+    return MemoryPlan(
+        mesh=mesh,
+        device=device,
+        workload=w,
+        param_count=model_memory.param_count(config),
+        resident=resident,
+        grads=grads,
+        gen_row=gen_row,
+        wm_row=wm_row,
+        train_row=model_memory.train_bytes_per_row(config, tokens, cb, t, w.remat),
+        train_row_remat=model_memory.train_bytes_per_row(config, tokens, cb, t, True),
+        train_rows=-(-w.rollout_rows // (w.microbatches * mesh["data"] * mesh["fsdp"])),
+        gen_rows=_rows(free, gen_row),
+        wm_rows=_rows(free, wm_row),
+        problems=(),
+    )
+
+
+def _ok(config, w: Workload, mesh, device, part: str) -> bool:
+    """Whether `part` ("rollout", "wm" or "train") of `w` fits."""
+    p = _measure(config, w, mesh, device)
+    return {"rollout": p.gen_rows >= 1, "wm": p.wm_rows >= 1, "train": p.train_fits}[part]
+
+
+def _largest(ok, high: int) -> int:
+    """The largest n in [1, high] with ok(n), for ok true up to some n; 0 if none."""
+    lo, hi = 0, high
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def _knobs(config, w: Workload, p: MemoryPlan):
+    """One message per part that does not fit, naming the config fields that fix it."""
+    mesh, device, text = p.mesh, p.device, "config.agent.text."
+    split = w.microbatches * p.batch_devices
+    if w.rollout_rows % split:
+        yield (
+            f"the {w.rollout_rows} rollout rows do not split into config.train.num_microbatches="
+            f"{w.microbatches} x {p.batch_devices} batch devices (data x fsdp)"
+        )
+    parts = [
+        n
+        for n, ok in (("rollout", p.gen_rows), ("wm", p.wm_rows), ("train", p.train_fits))
+        if not ok
+    ]
+    if not parts:
+        return
+    fsdp = next((f for f in (2, 4, 8, 16, 32, 64) if f > mesh["fsdp"] and all(
+        _ok(config, w, {**mesh, "fsdp": f}, device, part) for part in parts)), None)  # fmt: skip
+    wider = ""
+    if fsdp:
+        wider = f" or config.mesh.fsdp={fsdp} ({fsdp * mesh['data'] * mesh['tensor']} devices)"
+
+    def shortest(part: str, w: Workload) -> str:
+        """The longest M (else P + M) with which one sequence of `part` fits."""
+        m = _largest(
+            lambda m: _ok(config, dataclasses.replace(w, new_tokens=m), mesh, device, part),
+            w.new_tokens,
+        )
+        if m:
+            return f"{text}max_new_tokens<={m}"
+        total = _largest(lambda n: _ok(config, dataclasses.replace(
+            w, prompt_tokens=n - n // 2, new_tokens=n // 2), mesh, device, part),
+            w.prompt_tokens + w.new_tokens)  # fmt: skip
+        return (
+            f"{text}max_prompt_tokens + max_new_tokens <= {total}"
+            if total
+            else "nothing shorter fits"
+        )
+
+    for part in parts:
+        if part == "rollout":
+            fix = shortest("rollout", w)
+            what = f"rollout: one sequence of {w.prompt_tokens}+{w.new_tokens} tokens does not fit"
+        elif part == "wm":
+            fix = " or ".join(
+                [f"{text}anchors_per_task<={a}" for a in range(w.anchors_per_task)[::-1][:1]
+                 if _ok(config, dataclasses.replace(w, anchors_per_task=a), mesh, device, "wm")]
+                + [shortest("wm", w)]
+            )  # fmt: skip
+            what = (
+                f"world model: one sequence of {w.wm_prompt}+{w.wm_new_tokens} tokens does not fit"
+            )
+        else:
+            per_device = max(w.rollout_rows // p.batch_devices, 1)
+            more = [k for k in range(w.microbatches + 1, per_device + 1) if per_device % k == 0]
+            micro = next(
+                (
+                    k
+                    for k in more
+                    if _ok(config, dataclasses.replace(w, microbatches=k), mesh, device, "train")
+                ),
+                None,
+            )
+            fixed = sum(p.resident.values()) + p.grads
+            if fixed >= device.usable:
+                fix = (
+                    f"the resident state and gradients alone need {fixed / GIB:.1f} GiB of the "
+                    f"{device.usable / GIB:.1f} usable: more devices, or a larger "
+                    "XLA_PYTHON_CLIENT_MEM_FRACTION"
+                )
+            elif micro:
+                fix = f"config.train.num_microbatches={micro}"
+            else:
+                single = dataclasses.replace(w, microbatches=per_device)
+                fix = f"config.train.num_microbatches={per_device} with {shortest('train', single)}"
+            if not w.remat:
+                fix += (
+                    f" (per-layer remat, not in the train step yet, would need "
+                    f"{p.train_row_remat / GIB:.0f} GiB per sequence)"
+                )
+            what = (
+                f"training: {p.train_rows} sequence(s) of {w.prompt_tokens + w.new_tokens} tokens "
+                "per device per micro-batch do not fit"
+            )
+        yield f"{what} ({fix}{wider})"
