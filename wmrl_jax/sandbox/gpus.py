@@ -41,7 +41,7 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 
-from wmrl_jax.sandbox.result import Limits, MiB
+from wmrl_jax.sandbox.result import InfraError, Limits, MiB
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +306,9 @@ def gpu_refusal(client, image: str, request: GpuRequest, *, labels: dict) -> str
     """Starts a probe container with `request`; None when it starts, else why not.
 
     The probe runs `true` with no network and a read-only root; it is always removed.
+
+    Raises:
+        InfraError: the engine failed otherwise (no answer within the client's timeout).
     """
     import docker
 
@@ -325,6 +328,8 @@ def gpu_refusal(client, image: str, request: GpuRequest, *, labels: dict) -> str
         container.start()
     except docker.errors.APIError as e:
         return refusal_message(client, request, e)
+    except Exception as e:
+        raise InfraError(f"the GPU probe container failed ({type(e).__name__}: {e})") from e
     finally:
         if container is not None:
             try:
