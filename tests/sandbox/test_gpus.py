@@ -334,3 +334,15 @@ def test_gpu_check_stops_at_the_refusal(docker_available):
         pytest.skip("this engine has a GPU runtime")
     assert reports == [] and len(failures) == 1
     assert failures[0].startswith("the Docker engine has no GPU runtime")
+
+
+def test_engine_pool_leaves_out_an_engine_without_gpus(docker_available):
+    from wmrl_jax.sandbox.remote import EnginePool
+
+    url = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    probe = _refusing_executor(docker_available, gpus=1)
+    probe.close()
+    with pytest.raises(InfraError, match="no Docker engine answers among .*has no GPU runtime"):
+        EnginePool([url], docker_available, gpus=1, timeout_s=30)
+    with pytest.raises(InfraError, match="has no GPU runtime"):
+        EnginePool([url], docker_available, gpus=1, timeout_s=30, require_all=True)

@@ -66,6 +66,10 @@ def engines_from_env(environ=None, *, default_slots: int = 2) -> list[tuple[str,
     return engines
 
 
+class _NoGpus(InfraError):
+    """The engine answers but cannot give containers the requested GPUs (until restarted)."""
+
+
 class _EngineWorker:
     """A `fanout.Worker` over one engine's `DockerExecutor`."""
 
@@ -80,6 +84,9 @@ class _EngineWorker:
         except Exception as e:
             raise InfraError(f"engine {url}: {e}") from e
         self.executor = DockerExecutor(image, client=client, max_workers=slots, **executor_kwargs)
+        if self.executor.gpu_refusal:  # every run there would be an infra_error
+            self.executor.close()
+            raise _NoGpus(f"engine {url}: {self.executor.gpu_refusal}")
         self._probe = docker.APIClient(base_url=url, timeout=PING_TIMEOUT_S)
 
     def start(self, source, *, input_dir, timeout_s, files) -> concurrent.futures.Future:
@@ -107,7 +114,10 @@ class EnginePool(FanOut):
         require_all: raise when an engine does not answer at construction
             (default: leave it out, with a warning, while one answers).
         max_retries, deadline_s, refresh_interval_s: as in `FanOut`.
-        **executor_kwargs: `limits`, `timeout_s`, `api_timeout_s` of each `DockerExecutor`.
+        **executor_kwargs: `limits`, `timeout_s`, `api_timeout_s` and the GPU
+            keywords (`gpus`, ...) of each `DockerExecutor`; an engine that
+            cannot give GPUs is left out for good (one that does not answer
+            is looked for again).
 
     Raises:
         InfraError: no engine answers, an engine lacks the image, or two
@@ -128,7 +138,7 @@ class EnginePool(FanOut):
     ):
         pairs = _pairs(engines, slots)
         self._image, self._executor_kwargs = image, executor_kwargs
-        workers, self._missing = [], []
+        workers, self._missing, reasons = [], [], []
         for url, count in pairs:
             try:
                 workers.append(_EngineWorker(url, count, image, dict(executor_kwargs)))
@@ -136,9 +146,13 @@ class EnginePool(FanOut):
                 if require_all:
                     raise
                 log.warning("engine %s left out: %s", url, e)
-                self._missing.append((url, count))
+                if not isinstance(e, _NoGpus):  # looked for again when it answers
+                    self._missing.append((url, count))
+                reasons.append(str(e))
         if not workers:
-            raise InfraError(f"no Docker engine answers among {[u for u, _ in pairs]}")
+            raise InfraError(
+                f"no Docker engine answers among {[u for u, _ in pairs]}: {'; '.join(reasons)}"
+            )
         environments = {w.executor.environment for w in workers}
         if len(environments) > 1:
             for worker in workers:
