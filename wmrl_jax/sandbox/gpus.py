@@ -4,10 +4,10 @@ A `DockerExecutor` built with `gpus=...` passes the engine a device request
 (`docker.types.DeviceRequest`, the API behind `docker run --gpus`) with the
 capabilities `[["gpu"]]`; the engine hands it to its GPU driver, the NVIDIA
 Container Toolkit's hook, which mounts the chosen device nodes and the host's
-driver libraries into the container and sets `NVIDIA_VISIBLE_DEVICES` in the
-container's main process. The program runs through an exec, which does not
-inherit that variable, so the executor sets the same value in the program's
-environment.
+driver libraries into the container. The engine sets `NVIDIA_VISIBLE_DEVICES`
+in the main process's spec only, not in the container's configured
+environment that an exec inherits; the program runs through an exec, so the
+executor sets the same value in the program's environment.
 
 What is enforced and what is advisory:
 - **Which devices** (enforced): only the requested device nodes exist in the
