@@ -14,6 +14,7 @@ import pytest
 from tests.envs.conftest import base_manifest
 from tests.models.conftest import load
 from wmrl_jax import models
+from wmrl_jax.agents.base import Rollout
 from wmrl_jax.agents.text import (
     TextAgent,
     WMOutput,
@@ -164,6 +165,8 @@ def test_predict_on_gibberish_is_unusable():
     model, agent = _agent(stop_ids=(2,))
     tasks = [_task("a")]
     ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(7))
+    # Rows with a program (random weights seldom write one) are what the WM is asked about.
+    ro = ro._replace(programs=["print(1)", "x = 2"], causes=("ok", "ok"))
     out = agent.predict(model.params, tasks, ro, key=jax.random.key(8))
     assert isinstance(out, WMOutput)
     assert out.mean.shape == (2,) and out.mean.dtype == np.float32
@@ -195,7 +198,7 @@ def test_predict_parses_stubbed_answers():
     answers = [ans(1, 0.6), ans(1, 0.8), "no json here", ans(0.5, 1.0)]
     calls = []
     model, agent = _agent(sample_fn=_stub(answers, calls), invalid_reward=0.0, stop_ids=(2,))
-    ro = types.SimpleNamespace(programs=["print(1)", "print(2)"])
+    ro = Rollout(["print(1)", "print(2)"], {}, 0)
     out = agent.predict(model.params, [_task("a")], ro, key=jax.random.key(0))
     # Row 0: mean of 0.6 and 0.8, variance 0 + sample variance 0.02 (law of total variance).
     # Row 1: one usable answer, p = 0.5, q = 1: mean 0.5, variance p (1 - p) q^2 = 0.25.
@@ -204,6 +207,42 @@ def test_predict_parses_stubbed_answers():
     assert out.parse_failures == 0 and agent.last_answer_failures == 1
     assert calls[0][0] == (4, agent.wm_max_prompt_tokens)
     assert calls[0][1]["temperature"] == 1.0 and calls[0][1]["eos_ids"] == (2,)
+
+
+def test_rollout_rows_without_a_program_carry_their_cause():
+    texts = ["```python\nprint(1)\n```", "I cannot.", "```py\nx = (\n```", ""]
+    model, agent = _agent(sample_fn=_stub(texts, []), stop_ids=(2,))
+    ro = agent.rollout(model.params, [_task("a"), _task("b")], group_size=2, key=jax.random.key(0))
+    assert ro.programs == ["print(1)\n", "", "", ""]
+    assert ro.causes == ("ok", "no_code", "syntax_error", "empty")
+    assert agent.describe(ro) == [
+        "print(1)",
+        "<no program: no_code>",
+        "<no program: syntax_error>",
+        "<no program: empty>",
+    ]
+
+
+def test_predict_asks_nothing_about_rows_without_a_program():
+    ans = lambda p, q: json.dumps({"valid_probability": p, "percentile": q})
+    # K = 2 answers per asked row (rows 0 and 2), then what the two padded rows get.
+    answers = [ans(1, 0.6), '{"valid_probability": 0.5, "percentile": 0.', ans(1.5, 0.2), "?"]
+    calls = []
+    model, agent = _agent(sample_fn=_stub(answers + ["pad"] * 2, calls), stop_ids=(2,))
+    agent.invalid_reward = 0.0
+    ro = Rollout(["print(1)", "", "print(3)"], {}, 0, ("ok", "no_code", "ok"))
+    out = agent.predict(model.params, [_task("a")], ro, key=jax.random.key(0))
+    assert calls[0][0] == (3 * 2, agent.wm_max_prompt_tokens)  # one shape for N * K rows
+    np.testing.assert_allclose(out.mean, [0.6, np.nan, 0.2], atol=1e-6)
+    assert out.var[1] == np.inf and np.isfinite(out.var[[0, 2]]).all()
+    assert out.parse_failures == 0 and agent.last_answer_failures == 2
+    assert out.parse_causes == {"no_json": 1, "truncated": 1, "missing_keys": 0, "bad_value": 0}
+    assert out.clamped == 1
+    asked = sum(len(agent.wm_prompt_ids(_task("a"), p)) for p in ("print(1)", "print(3)")) * 2
+    assert asked < out.wm_tokens < asked + 4 * 30  # the padded rows are not counted
+    none = Rollout(["", ""], {}, 0, ("empty", "no_code"))
+    out = agent.predict(model.params, [_task("a")], none, key=jax.random.key(0))
+    assert np.isnan(out.mean).all() and out.wm_tokens == 0 and len(calls) == 1
 
 
 def test_anchors_in_wm_prompt():
@@ -246,6 +285,6 @@ def test_errors():
         )
     agent.observe(_task(), "print(1)", types.SimpleNamespace(status="ok", percentile=0.5))
     assert agent.anchors(_task()) == []  # anchors_per_task=0 keeps none
-    ro = types.SimpleNamespace(programs=["a", "b", "c"])
+    ro = Rollout(["a", "b", "c"], {}, 0)
     with pytest.raises(ValueError, match="do not split"):
         agent.predict(model.params, [_task("a"), _task("b")], ro, key=jax.random.key(0))

@@ -231,3 +231,34 @@ def test_replicate_pairs_estimate_the_real_noise(tmp_path):
     # sigma2_real is estimated from the pairs, no longer the prior alone.
     assert steps[-1]["correction/sigma2_real"] != pytest.approx(config.correction.real_var_prior)
     assert all(np.isfinite(s["correction/sigma2_real"]) for s in steps)
+
+
+@pytest.mark.parametrize("arm", ["real", "wm_naive", "wmrl"])
+def test_samples_without_a_program_are_invalid_and_never_executed(tmp_path, arm):
+    config = _config(arm=arm, num_steps=1, eval_every=1)
+    source = _Wrapped(_replay(config), lambda out, n: out)
+    trainer = loop.Trainer(config, str(tmp_path), outcomes=source)
+    sample = trainer.agent.rollout
+
+    def odd_rows_hold_no_program(params, tasks, *, group_size, key):
+        ro = sample(params, tasks, group_size=group_size, key=key)
+        causes = tuple("no_code" if i % 2 else "ok" for i in range(len(ro.programs)))
+        programs = [p if c == "ok" else "" for p, c in zip(ro.programs, causes, strict=True)]
+        return ro._replace(programs=programs, causes=causes)
+
+    trainer.agent.rollout = odd_rows_hold_no_program
+    records = []
+    trainer.hooks = (lambda record: records.append(record) or {},)
+    metrics = trainer._step(1)
+    trainer.close()
+    (record,) = records
+    n, g = record.num_rows, config.group_size
+    none = np.arange(n) % 2 == 1
+    ran = int(np.sum(np.repeat(record.anchor_groups, g) & ~none))  # anchors with a program
+    assert ran > 0 or arm == "wm_naive"
+    assert source.calls == ran and metrics["ledger/executions"] == ran
+    assert not record.executed[none].any() and all(i % 2 == 0 for i in record.outcomes)
+    floor = builder.reward_floors(config).invalid
+    np.testing.assert_array_equal(record.rewards[none], floor)
+    assert record.valid[none].all()
+    assert metrics["programs/none/no_code"] == n // 2

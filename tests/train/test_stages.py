@@ -1,11 +1,13 @@
 """The step's stages: which rows count, what is fed, the advantages and the loss mask."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from wmrl_jax.agents.base import Rollout
+from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.envs.outcomes import Outcome
-from wmrl_jax.train import stages
+from wmrl_jax.train import arms, stages
 
 
 def _outcome(reward):
@@ -49,3 +51,43 @@ def test_non_finite_fed_rewards_are_masked_and_all_non_finite_fails_loudly():
         stages.finite_rows(np.full(4, np.nan, np.float32), np.ones(4, bool), step=2)
     # No valid row at all (a WM-free arm whose anchors were all dropped) is not an error.
     assert not stages.finite_rows(np.zeros(4, np.float32), np.zeros(4, bool), step=3).any()
+
+
+def test_rows_without_a_program_get_the_invalid_floor_in_every_arm():
+    ro = Rollout(["x = 1", "", "y = 2", ""], {}, 0, ("ok", "no_code", "ok", "syntax_error"))
+    no_program = stages.no_program_rows(ro)
+    np.testing.assert_array_equal(no_program, [False, True, False, True])
+    assert not stages.no_program_rows(Rollout(["a", "b"], {}, 0)).any()
+    rewards, valid = stages.with_no_program_rows(
+        np.array([0.3, np.nan, 0.0, 0.2], np.float32),
+        np.array([1, 0, 0, 1], bool),
+        no_program,
+        -1.0,
+    )
+    assert rewards.dtype == np.float32
+    np.testing.assert_array_equal(rewards, np.float32([0.3, -1.0, 0.0, -1.0]))
+    np.testing.assert_array_equal(valid, [True, True, False, True])
+
+
+def test_step_metrics_count_missing_programs_and_wm_parse_causes():
+    ro = Rollout(["x = 1", "", "", "print(2)"], {}, 0, ("ok", "no_code", "empty", "ok"))
+    nan = np.full(4, np.nan, np.float32)
+    causes = {"no_json": 2, "truncated": 1, "missing_keys": 0, "bad_value": 0}
+    wm = WMOutput(np.array([0.5, np.nan, np.nan, 0.1], np.float32), np.ones(4, np.float32),
+                  10, 0, causes, 3)  # fmt: skip
+    record = stages.StepRecord(
+        1, [None], 4, rollout=ro, wm=wm, anchor_groups=np.array([False]), real=nan,
+        executed=np.zeros(4, bool), partner=nan, rewards=np.zeros(4, np.float32),
+        valid=np.ones(4, bool),
+    )  # fmt: skip
+    m = stages.step_metrics(record, arms.get("wmrl"))
+    assert (m["programs/none/no_code"], m["programs/none/empty"]) == (1.0, 1.0)
+    assert m["programs/none/syntax_error"] == 0.0
+    assert {k: v for k, v in m.items() if k.startswith("wm/parse_fail/")} == {
+        f"wm/parse_fail/{k}": float(v) for k, v in causes.items()
+    }
+    assert m["wm/clamped"] == 3.0
+    recipe = dataclasses.replace(record, rollout=Rollout(ro.programs, {}, 0), wm=wm._replace(
+        parse_causes={}))  # fmt: skip
+    assert not any(k.startswith(("programs/", "wm/parse_fail/", "wm/clamped"))
+                   for k in stages.step_metrics(recipe, arms.get("wmrl")))  # fmt: skip

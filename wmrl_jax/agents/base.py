@@ -16,6 +16,7 @@ train step compiles once.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -33,11 +34,16 @@ class Rollout(NamedTuple):
       batch: train-step arrays `tokens`, `attention_mask`, `loss_mask`,
         `old_logprobs`, each of shape [N, T].
       gen_tokens: tokens processed by generation (prompts and samples).
+      causes: per row, "ok" or why the sample holds no program (a cause of
+        `wmrl_jax.agents.programs.PROGRAM_CAUSES`; its program is then ""):
+        such a row is an invalid outcome, never executed and charged nothing.
+        Empty when every row holds a program (agents whose samples always do).
     """
 
     programs: list[str]
     batch: dict[str, np.ndarray]
     gen_tokens: int
+    causes: tuple[str, ...] = ()
 
 
 class WMOutput(NamedTuple):
@@ -48,12 +54,18 @@ class WMOutput(NamedTuple):
       var: predictive variances of shape [N], inf where unusable.
       wm_tokens: tokens processed by the world-model pass.
       parse_failures: predictions that could not be read.
+      parse_causes: unusable sampled answers per cause
+        (`wmrl_jax.worldmodel.FAILURE_STATUSES`, every cause present), for
+        agents that parse free-text answers; empty otherwise.
+      clamped: sampled answers with a number outside [0, 1] (clamped).
     """
 
     mean: np.ndarray
     var: np.ndarray
     wm_tokens: int
     parse_failures: int
+    parse_causes: Mapping[str, int] = types.MappingProxyType({})
+    clamped: int = 0
 
 
 class Agent(Protocol):
@@ -74,7 +86,7 @@ class Agent(Protocol):
         ...
 
     def greedy_programs(self, params, tasks: Sequence[Task]) -> list[str]:
-        """One greedy program per task (held-out evaluation)."""
+        """One greedy program per task (held-out evaluation); "" where it holds none."""
         ...
 
     def aux_batch(

@@ -30,11 +30,11 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.agents.base import AgentContext, Built, Capabilities, Rollout, WMOutput
-from wmrl_jax.agents.programs import extract_program, find_program  # noqa: F401 (re-exported)
+from wmrl_jax.agents.programs import extract_program, find_program
 from wmrl_jax.envs.grading import DEFAULT_FLOORS
 from wmrl_jax.models.api import left_pad
 from wmrl_jax.models.sampler import sample
-from wmrl_jax.worldmodel.parsing import combine, parse_wm_answer, to_arrays
+from wmrl_jax.worldmodel.parsing import combine, failure_counts, parse_wm_answer, to_arrays
 from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
 
 SOLVER_SYSTEM = (
@@ -281,8 +281,21 @@ class TextAgent:
 
     # -- generation ------------------------------------------------------------------------
 
-    def _generate(self, params, prompts: list[list[int]], length: int, repeat: int, key, **kw):
+    def _generate(
+        self,
+        params,
+        prompts: list[list[int]],
+        length: int,
+        repeat: int,
+        key,
+        *,
+        call_rows=None,
+        **kw,
+    ):
         """Left pads `prompts` to `length`, repeats each row `repeat` times, samples.
+
+        Without `batch_size`, one call of `call_rows` rows (default: as many as asked,
+        the rest copies of a real row), so that asking for fewer rows does not recompile.
 
         Returns:
             (prompt ids [R, length], prompt mask [R, length], SampleOutput as numpy [R, M]).
@@ -290,7 +303,7 @@ class TextAgent:
         ids, mask = left_pad(prompts, self.pad_id, length)
         ids, mask = np.repeat(ids, repeat, axis=0), np.repeat(mask, repeat, axis=0)
         rows = ids.shape[0]
-        size = rows if self.batch_size is None else self.batch_size
+        size = self.batch_size or max(rows, call_rows or 0)
         chunks = []
         for c, start in enumerate(range(0, rows, size)):
             take = np.arange(start, start + size)
@@ -348,8 +361,13 @@ class TextAgent:
                 [np.zeros(mask.shape, np.float32), np.where(live > 0, out.logprobs, 0.0)], axis=1
             ).astype(np.float32),
         }
-        programs = [extract_program(t) for t in self._decode(out.tokens, live)]
-        return Rollout(programs, batch, int(mask.sum()) + int(live.sum()))
+        parses = [find_program(t) for t in self._decode(out.tokens, live)]
+        return Rollout(
+            [p.source for p in parses],
+            batch,
+            int(mask.sum()) + int(live.sum()),
+            tuple(p.cause for p in parses),
+        )
 
     def greedy_programs(self, params, tasks: Sequence) -> list[str]:
         """One greedily decoded program per task (evaluation)."""
@@ -372,23 +390,34 @@ class TextAgent:
     def predict(self, params, tasks: Sequence, rollout: Rollout, *, key) -> WMOutput:
         """WM predictions for the rollout's programs (row i judged under tasks[i // G]).
 
+        Rows without a program (`Rollout.causes`) are not asked: their outcome is
+        known (invalid), so they cost no WM tokens and get NaN / inf.
+
         Returns:
             `WMOutput`: mean / var float32 [N] on the reward scale (NaN / inf where no
-            answer of the K parses), the WM tokens, and `parse_failures`: the number of
-            programs (of N) with no usable answer. `last_answer_failures` keeps the
-            number of unusable answers among the N * K sampled.
+            answer of the K parses or there is no program), the WM tokens,
+            `parse_failures`: the programs asked with no usable answer, and per cause
+            (`parse_causes`) the unusable answers among the K sampled per program, with
+            `clamped` those with an out-of-range number. `last_answer_failures` keeps
+            the number of unusable answers.
         """
         n = len(rollout.programs)
         if not tasks or n % len(tasks):
             raise ValueError(f"{n} programs do not split into groups over {len(tasks)} tasks")
-        group = n // len(tasks)
-        prompts = [self.wm_prompt_ids(tasks[i // group], p) for i, p in enumerate(rollout.programs)]
+        group, k = n // len(tasks), self.wm_samples
+        asked = [i for i, c in enumerate(rollout.causes or ("ok",) * n) if c == "ok"]
+        mean, var = np.full(n, np.nan, np.float32), np.full(n, np.inf, np.float32)
+        if not asked:
+            self.last_answer_failures = 0
+            return WMOutput(mean, var, 0, 0, failure_counts([]), 0)
+        prompts = [self.wm_prompt_ids(tasks[i // group], rollout.programs[i]) for i in asked]
         _, mask, out = self._generate(
             params,
             prompts,
             self.wm_max_prompt_tokens,
-            self.wm_samples,
+            k,
             key,
+            call_rows=n * k,  # one compiled shape, however many rows hold a program
             max_new_tokens=self.wm_max_new_tokens,
             **self.sampling,
         )
@@ -396,13 +425,19 @@ class TextAgent:
             parse_wm_answer(t, invalid_reward=self.invalid_reward)
             for t in self._decode(out.tokens, out.mask)
         ]
-        k = self.wm_samples
-        combined = [combine(answers[i * k : (i + 1) * k]) for i in range(n)]
-        mean, var = to_arrays(combined)
+        combined = [combine(answers[j * k : (j + 1) * k]) for j in range(len(asked))]
+        mean[asked], var[asked] = to_arrays(combined)
         var = np.where(np.isnan(mean), np.inf, var).astype(np.float32)
         self.last_answer_failures = sum(not a.usable for a in answers)
         failures = sum(not c.usable for c in combined)
-        return WMOutput(mean, var, int(mask.sum()) + int(out.mask.sum()), failures)
+        return WMOutput(
+            mean,
+            var,
+            int(mask.sum()) + int(out.mask.sum()),
+            failures,
+            failure_counts(answers),
+            sum(a.clamped for a in answers),
+        )
 
     def observe(self, task, program: str, outcome) -> None:
         """Keeps an executed (program, outcome) as an in-context anchor for `task`.
@@ -422,9 +457,11 @@ class TextAgent:
         return {}
 
     def describe(self, rollout: Rollout) -> list[str]:
-        """The first line of each program (60 characters at most)."""
+        """The first line of each program (60 characters at most), or why there is none."""
+        causes = rollout.causes or ("ok",) * len(rollout.programs)
         return [
-            p.strip().splitlines()[0][:60] if p.strip() else "<empty>" for p in rollout.programs
+            p.strip().splitlines()[0][:60] if c == "ok" else f"<no program: {c}>"
+            for p, c in zip(rollout.programs, causes, strict=True)
         ]
 
     def anchors(self, task) -> list[AnchorExample]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wmrl_jax.agents.base import Agent
+from wmrl_jax.envs.outcomes import failed_outcome
 from wmrl_jax.envs.task import Task
 
 
@@ -29,8 +30,10 @@ def evaluate(
         programs, owners = rollout.programs, [t for t in tasks for _ in range(samples)]
     else:
         programs, owners = agent.greedy_programs(params, tasks), list(tasks)
-    futures = [source.submit(t, p) for t, p in zip(owners, programs, strict=True)]
-    outs = [f.result() for f in futures]
+    # A sample without a program ("") is invalid without running anything.
+    futures = [source.submit(t, p) if p else None for t, p in zip(owners, programs, strict=True)]
+    outs = [failed_outcome("invalid", message="no program") if f is None else f.result()
+            for f in futures]  # fmt: skip
     pct = np.array([o.percentile if o.status == "ok" and np.isfinite(o.percentile) else 0.0
                     for o in outs]).reshape(len(tasks), -1)  # fmt: skip
     result = {

@@ -10,7 +10,9 @@ One step (`Trainer._step`, its stages in `wmrl_jax.train.stages`):
 3. the arm (`wmrl_jax.train.arms`) decides which groups are executed — all,
    the anchors (a fraction ρ, at least one) or none — and they go to the
    outcome source at once; the world-model pass over all groups runs while
-   they execute;
+   they execute. A sample without a program (`Rollout.causes`) is an invalid
+   outcome known without running anything: never executed nor shown to the
+   world model, charged nothing, fed the invalid floor in every arm;
 4. outcomes come back: timeouts and crashes are rewards; infrastructure
    errors are retried, then handled as `executor.on_infra_error` says;
    non-finite rewards are rejected and counted;
@@ -121,6 +123,7 @@ class Trainer:
             seed=config.seed,
         )  # fmt: skip
         self.correction = builder.make_correction(config)
+        self.invalid_reward = builder.reward_floors(config).invalid  # rows with no program
         self.cost_model = cost.from_config(config)
         self.optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
         self.mesh = step_lib.make_mesh_from_config(config.mesh)
@@ -270,8 +273,9 @@ class Trainer:
         params = self.state.params if self.wm_params is None else self.wm_params
         with timing.timed("wm_seconds"):
             record.wm = self.agent.predict(params, record.tasks, record.rollout, key=key)
-        timing.add(wm_tokens=record.wm.wm_tokens, wm_rows=record.num_rows)
-        if record.wm.parse_failures == record.num_rows:
+        asked = int(np.sum(~stages.no_program_rows(record.rollout)))  # rows with a program
+        timing.add(wm_tokens=record.wm.wm_tokens, wm_rows=asked)
+        if asked and record.wm.parse_failures == asked:
             log.warning(
                 "step %d: the world model produced no usable prediction; rewards come "
                 "from anchors only (the other rows are masked out of the update)",
@@ -284,8 +288,12 @@ class Trainer:
             record.anchor_groups = np.ones(record.num_rows // g, bool)
             return
         group_var = None
-        if record.wm is not None:
-            group_var = np.nanmean(record.wm.var.reshape(-1, g), axis=1)
+        if record.wm is not None:  # Over rows with a program; a group without any goes last.
+            var = np.where(stages.no_program_rows(record.rollout), np.nan, record.wm.var)
+            var = var.reshape(-1, g)
+            some = ~np.isnan(var).all(axis=1)
+            group_var = np.full(len(var), -np.inf)
+            group_var[some] = np.nanmean(var[some], axis=1)
         record.anchor_groups = arms.choose_anchor_groups(
             self.arm, key, num_groups=record.num_rows // g, fraction=self.config.anchor_fraction,
             policy=self.config.anchor_policy, group_var=group_var,
@@ -293,7 +301,9 @@ class Trainer:
 
     @staticmethod
     def _anchor_rows(record: StepRecord) -> np.ndarray:
-        return np.flatnonzero(np.repeat(record.anchor_groups, record.group_size))
+        """The anchor groups' rows that hold a program (the others have nothing to run)."""
+        rows = np.flatnonzero(np.repeat(record.anchor_groups, record.group_size))
+        return rows[~stages.no_program_rows(record.rollout)[rows]]
 
     def _collect(self, record: StepRecord, pending: dict, timing: LedgerStep) -> None:
         g, programs = record.group_size, record.rollout.programs
@@ -328,6 +338,9 @@ class Trainer:
             record.rewards, valid = stages.wm_free_rewards(
                 record.real, record.executed, record.partner
             )
+        record.rewards, valid = stages.with_no_program_rows(
+            record.rewards, valid, stages.no_program_rows(record.rollout), self.invalid_reward
+        )
         record.valid = stages.finite_rows(record.rewards, valid, step=record.step)
 
     def _update(self, record: StepRecord, key, timing: LedgerStep) -> dict[str, float]:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.agents.programs import PROGRAM_CAUSES
 from wmrl_jax.core import grpo
 from wmrl_jax.envs.task import Task
 from wmrl_jax.train.arms import Arm
@@ -104,6 +105,26 @@ def partner_rewards(partners: dict, n: int) -> np.ndarray:
     return out
 
 
+def no_program_rows(rollout: Rollout) -> np.ndarray:
+    """[N] bool: rows whose sample holds no program (`Rollout.causes`).
+
+    Such a row is an invalid outcome known without running anything: it is never
+    submitted, charged nothing, and fed the invalid floor in every arm.
+    """
+    if not rollout.causes:
+        return np.zeros(len(rollout.programs), bool)
+    return np.array([c != "ok" for c in rollout.causes], bool)
+
+
+def with_no_program_rows(
+    rewards: np.ndarray, valid: np.ndarray, no_program: np.ndarray, invalid_reward: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """`(rewards, valid)` of shape [N] with rows without a program set to the invalid
+    floor and counted: their reward is known exactly, whatever the arm."""
+    rewards = np.where(no_program, np.float32(invalid_reward), rewards).astype(np.float32)
+    return rewards, valid | no_program
+
+
 def wm_free_rewards(
     real: np.ndarray, executed: np.ndarray, partner: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -161,8 +182,14 @@ def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
         m["reward/fed_mean"] = float(np.mean(r.rewards[valid]))
     if r.executed.any():
         m["reward/real_mean"] = float(np.nanmean(r.real))
+    if r.rollout.causes:
+        for cause in PROGRAM_CAUSES[1:]:
+            m[f"programs/none/{cause}"] = float(r.rollout.causes.count(cause))
     if arm.world_model and wm is not None:
         m["wm/parse_failures"] = float(wm.parse_failures)
+        m.update({f"wm/parse_fail/{c}": float(v) for c, v in wm.parse_causes.items()})
+        if wm.parse_causes:
+            m["wm/clamped"] = float(wm.clamped)
         ok = np.isfinite(wm.mean)
         if ok.any():
             m["wm/pred_mean"] = float(np.mean(wm.mean[ok]))
