@@ -1,0 +1,315 @@
+"""Bytes a decoder needs per device: exact param shapes, caches, and activation estimates.
+
+Everything here is arithmetic on a typed config (`Qwen3Config` or `Qwen3_5Config`)
+and the sizes of a (data, fsdp, tensor) mesh; nothing allocates or traces. Two
+kinds of number come out:
+
+* **Exact**: `param_shapes` lists every parameter with the path and shape the Flax
+  module gives it (tested leaf by leaf against `api.abstract_split`), and
+  `param_elements_per_device` shards each one by the partition rules of
+  `models.sharding`, so a dim an axis does not divide stays whole, as it does
+  on a real mesh. Decode caches (`cache_bytes_per_row`) are exact too: keys and
+  values of the attention layers, conv windows and float32 recurrent states of
+  the Gated DeltaNet layers, as `init_cache` allocates them.
+* **Estimates**: the transient memory of a forward (`prefill_bytes_per_row`) and
+  the activations a backward pass keeps (`train_bytes_per_row`). Both follow
+  the code as written: attention materialises its scores [H, T, S] (float32
+  scores plus the einsum output and the probabilities in the compute dtype),
+  the softmax output (float32) and probabilities are residuals of the backward
+  pass, the LM head's float32 logits exist for every position in training, and
+  the chunked gated delta rule keeps float32 per-token tensors, C x C chunk
+  matrices and one state per chunk. XLA may fuse some of these away, so the
+  estimates lean high; what they are for is ranking the terms and sizing
+  micro-batches with a margin.
+
+Example:
+    >>> shapes = param_shapes(config)
+    >>> param_count(config), param_elements_per_device(config, {"fsdp": 8})
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+
+from jax.sharding import AbstractMesh
+
+from wmrl_jax.models import sharding
+from wmrl_jax.models.config import Qwen3Config
+from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
+
+Path = tuple
+DecoderConfig = Qwen3Config | Qwen3_5Config
+
+CHUNK_SIZE = 64  # `qwen3_5.CHUNK_SIZE`: tokens per chunk of the gated delta rule.
+
+
+def _mlp(h: int, f: int) -> dict[Path, tuple[int, ...]]:
+    return {
+        ("mlp", "gate_proj", "kernel"): (h, f),
+        ("mlp", "up_proj", "kernel"): (h, f),
+        ("mlp", "down_proj", "kernel"): (f, h),
+    }
+
+
+def _qwen3_layer(c: Qwen3Config) -> dict[Path, tuple[int, ...]]:
+    h, q, kv = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    out = {
+        ("input_layernorm", "weight"): (h,),
+        ("post_attention_layernorm", "weight"): (h,),
+        ("self_attn", "q_proj", "kernel"): (h, q),
+        ("self_attn", "k_proj", "kernel"): (h, kv),
+        ("self_attn", "v_proj", "kernel"): (h, kv),
+        ("self_attn", "o_proj", "kernel"): (q, h),
+        ("self_attn", "q_norm", "weight"): (c.head_dim,),
+        ("self_attn", "k_norm", "weight"): (c.head_dim,),
+        **_mlp(h, c.intermediate_size),
+    }
+    if c.attention_bias:
+        for name, dim in (("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", h)):
+            out[("self_attn", name, "bias")] = (dim,)
+    return out
+
+
+def _qwen3_5_layer(c: Qwen3_5Config, kind: str) -> dict[Path, tuple[int, ...]]:
+    h = c.hidden_size
+    out = {
+        ("input_layernorm", "weight"): (h,),
+        ("post_attention_layernorm", "weight"): (h,),
+        **_mlp(h, c.intermediate_size),
+    }
+    if kind == "full_attention":
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        out |= {
+            ("self_attn", "q_proj", "kernel"): (h, 2 * q),  # queries and their output gate
+            ("self_attn", "k_proj", "kernel"): (h, kv),
+            ("self_attn", "v_proj", "kernel"): (h, kv),
+            ("self_attn", "o_proj", "kernel"): (q, h),
+            ("self_attn", "q_norm", "weight"): (c.head_dim,),
+            ("self_attn", "k_norm", "weight"): (c.head_dim,),
+        }
+    else:
+        heads = c.linear_num_value_heads
+        out |= {
+            ("linear_attn", "in_proj_qkv", "kernel"): (h, c.conv_dim),
+            ("linear_attn", "in_proj_z", "kernel"): (h, c.linear_value_dim),
+            ("linear_attn", "in_proj_b", "kernel"): (h, heads),
+            ("linear_attn", "in_proj_a", "kernel"): (h, heads),
+            ("linear_attn", "conv1d", "weight"): (c.conv_dim, 1, c.linear_conv_kernel_dim),
+            ("linear_attn", "dt_bias"): (heads,),
+            ("linear_attn", "A_log"): (heads,),
+            ("linear_attn", "norm", "weight"): (c.linear_value_head_dim,),
+            ("linear_attn", "out_proj", "kernel"): (c.linear_value_dim, h),
+        }
+    return out
+
+
+def layer_kinds(config: DecoderConfig) -> tuple[str, ...]:
+    """Per layer, "full_attention" or "linear_attention" (a dense Qwen3 is all attention)."""
+    if isinstance(config, Qwen3_5Config):
+        return config.layer_types
+    return ("full_attention",) * config.num_hidden_layers
+
+
+def layer_shapes(config: DecoderConfig, index: int) -> dict[Path, tuple[int, ...]]:
+    """Param shapes of decoder layer `index`, keyed by path inside the layer."""
+    if isinstance(config, Qwen3_5Config):
+        return _qwen3_5_layer(config, config.layer_types[index])
+    return _qwen3_layer(config)
+
+
+def param_shapes(config: DecoderConfig) -> dict[Path, tuple[int, ...]]:
+    """Every parameter's shape, keyed by its path in `nnx.to_pure_dict(params)`.
+
+    Mirrors the modules of `models.qwen3` and `models.qwen3_5` (the vision tower
+    and MTP head of a Qwen3.5 checkpoint are not loaded, so not counted).
+
+    Returns:
+        {("embed_tokens",): (V, hidden), ("layers", i, "mlp", "up_proj", "kernel"): ..., ...}
+    """
+    out: dict[Path, tuple[int, ...]] = {("embed_tokens",): (config.vocab_size, config.hidden_size)}
+    for i in range(config.num_hidden_layers):
+        out |= {("layers", i, *path): shape for path, shape in layer_shapes(config, i).items()}
+    out[("norm", "weight")] = (config.hidden_size,)
+    if not config.tie_word_embeddings:
+        out[("lm_head",)] = (config.hidden_size, config.vocab_size)
+    return out
+
+
+@functools.cache
+def param_count(config: DecoderConfig) -> int:
+    """Number of parameters of the language model."""
+    return sum(math.prod(s) for s in param_shapes(config).values())
+
+
+def abstract_mesh(mesh: Mapping[str, int]) -> AbstractMesh:
+    """A device-free (data, fsdp, tensor) mesh of the given axis sizes (missing axes: 1)."""
+    sizes = tuple(int(mesh.get(a, 1)) for a in sharding.MESH_AXES)
+    return AbstractMesh(sizes, sharding.MESH_AXES)
+
+
+def shard_elements(shape, spec, mesh: AbstractMesh) -> int:
+    """Elements of one array on one device under a PartitionSpec (the axes divide exactly)."""
+    count = 1
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
+        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        count *= dim // math.prod(mesh.shape[a] for a in names)
+    return count
+
+
+def param_elements_per_device(config: DecoderConfig, mesh: Mapping[str, int]) -> int:
+    """Param elements one device holds when the params are sharded by `models.sharding`."""
+    return _elements_per_device(config, tuple(int(mesh.get(a, 1)) for a in sharding.MESH_AXES))
+
+
+@functools.cache
+def _elements_per_device(config: DecoderConfig, sizes: tuple[int, ...]) -> int:
+    abstract = abstract_mesh(dict(zip(sharding.MESH_AXES, sizes, strict=True)))
+    return sum(
+        shard_elements(shape, sharding.param_spec(path, shape, abstract), abstract)
+        for path, shape in param_shapes(config).items()
+    )
+
+
+@functools.cache
+def largest_layer_elements(config: DecoderConfig) -> int:
+    """Params of the largest decoder layer (what an FSDP all-gather brings in at once)."""
+    return max(
+        sum(math.prod(s) for s in layer_shapes(config, i).values())
+        for i in range(config.num_hidden_layers)
+    )
+
+
+def _split(count: int, tensor: int) -> int:
+    """Heads (or channels) per device: `tensor` divides them, or they stay whole."""
+    return count // tensor if count % tensor == 0 else count
+
+
+def cache_bytes_per_row(config: DecoderConfig, slots: int, dtype_bytes: int, tensor: int = 1):
+    """Decode-cache bytes of one sequence on one device (exact: as `init_cache` allocates).
+
+    Attention layers hold keys and values [K, slots, D] in the params dtype (K over
+    `tensor` when it divides); Gated DeltaNet layers a conv window
+    [conv_dim, kernel - 1] in the params dtype and a float32 state [Hv, Dk, Dv].
+    """
+    total = 0
+    for kind in layer_kinds(config):
+        if kind == "full_attention":
+            kv = _split(config.num_key_value_heads, tensor)
+            total += 2 * kv * slots * config.head_dim * dtype_bytes
+        else:
+            c = config
+            conv = _split(c.conv_dim, tensor) * (c.linear_conv_kernel_dim - 1) * dtype_bytes
+            heads = _split(c.linear_num_value_heads, tensor)
+            total += conv + heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+    return total
+
+
+# Bytes per attention score (one head, one query, one slot) that a layer holds: the
+# q.k einsum output, its float32 masked copy, the float32 softmax output (a residual
+# of its VJP), the probabilities in the compute dtype and the mask. XLA's buffer
+# assignment of the train step and the prefill gives 13 for bfloat16 and float32
+# compute alike (the casts of float32 are no-ops, and fusion absorbs the others).
+SCORE_BYTES = 13
+
+
+def _score_cotangent_bytes(b: int) -> int:
+    """One layer's backward working set per score: d(probs) (b) and d(scores) (4)."""
+    return b + 4
+
+
+def _attention_scores(config: DecoderConfig, queries: int, slots: int, b: int, tensor: int):
+    """Live bytes of one attention layer's scores [H, queries, slots] (see `SCORE_BYTES`)."""
+    heads = _split(config.num_attention_heads, tensor)
+    return heads * queries * slots * SCORE_BYTES
+
+
+# Float32 [C, C] matrices per chunk and value head that the chunked gated delta rule
+# holds at once: decay, the triangular system, its inverse and the intra-chunk scores
+# in a forward pass; with a backward pass also every product of `unit_lower_inverse`'s
+# doubling steps and their cotangents (fitted to XLA's buffer assignment: 32 at C = 64).
+def _chunk_matrices(chunk: int, grad: bool) -> int:
+    return 8 + 4 * max(chunk - 1, 1).bit_length() if grad else 4
+
+
+def delta_rule_bytes(config: Qwen3_5Config, tokens: int, tensor: int = 1, *, grad: bool) -> int:
+    """Float32 bytes of one chunked gated-delta pass over `tokens` tokens (one sequence).
+
+    Per token and value head: q, k, k_beta, w, q_in (Dk each), v, u, out (Dv each)
+    and one row of each chunk matrix (`_chunk_matrices`); plus one [Dk, Dv] state
+    per chunk. `grad`: with the residuals and cotangents of a backward pass.
+    """
+    c = config
+    heads = _split(c.linear_num_value_heads, tensor)
+    chunks = -(-tokens // CHUNK_SIZE)
+    per_token = (
+        5 * c.linear_key_head_dim
+        + 3 * c.linear_value_head_dim
+        + _chunk_matrices(CHUNK_SIZE, grad) * CHUNK_SIZE
+    )
+    states = chunks * c.linear_key_head_dim * c.linear_value_head_dim
+    return 4 * heads * (tokens * per_token + states)
+
+
+def prefill_bytes_per_row(
+    config: DecoderConfig, prompt: int, slots: int, compute_bytes: int, tensor: int = 1
+) -> int:
+    """Estimated transient bytes of one sequence's prefill (no gradient), on one device.
+
+    The peak is one layer at a time: the larger of its token mixer's working set
+    (attention scores [H, prompt, slots], or the chunked delta rule's tensors)
+    and the MLP's [prompt, 3 F], on top of a few hidden-state copies [prompt, hidden].
+    The LM head runs on the last position only.
+    """
+    c = config
+    hidden = 4 * prompt * c.hidden_size * compute_bytes
+    mlp = 3 * prompt * _split(c.intermediate_size, tensor) * compute_bytes
+    mixers = [
+        _attention_scores(c, prompt, slots, compute_bytes, tensor)
+        if kind == "full_attention"
+        else delta_rule_bytes(c, prompt, tensor, grad=False)
+        for kind in set(layer_kinds(c))
+    ]
+    return hidden + max(mlp, *mixers) + 4 * 4 * c.vocab_size
+
+
+def _layer_bytes(config: DecoderConfig, kind: str, tokens: int, b: int, tensor: int):
+    """(residuals kept for the backward pass, backward working set) of one layer, one sequence."""
+    c = config
+    f = _split(c.intermediate_size, tensor)
+    # Norm inputs and outputs (float32 inside the norm), residual stream, MLP in/out.
+    dense = tokens * (c.hidden_size * (4 * b + 2 * 4) + 3 * f * b)
+    if kind == "full_attention":
+        heads, kv = _split(c.num_attention_heads, tensor), _split(c.num_key_value_heads, tensor)
+        gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
+        proj = tokens * c.head_dim * (heads * (gate + 2) + 4 * kv) * b
+        scores = heads * tokens * tokens
+        return dense + proj + scores * SCORE_BYTES, dense + scores * _score_cotangent_bytes(b)
+    channels = _split(c.conv_dim, tensor) + _split(c.linear_value_dim, tensor)
+    proj = tokens * channels * (2 * b + 4)  # projections, conv output, gate z
+    delta = delta_rule_bytes(c, tokens, tensor, grad=True)
+    return dense + proj + delta, dense + delta
+
+
+def train_bytes_per_row(
+    config: DecoderConfig, tokens: int, compute_bytes: int, tensor: int = 1, remat: bool = False
+) -> int:
+    """Estimated activation bytes of one sequence in a training forward + backward.
+
+    Without remat every layer keeps its residuals until its backward runs; with
+    remat (per-layer rematerialisation) only each layer's input [tokens, hidden]
+    is kept and one layer's residuals are rebuilt at a time. On top: one layer's
+    backward working set (the cotangents of its largest arrays) and the float32
+    logits [tokens, V] with the log-softmax and entropy terms computed from them
+    (four such arrays).
+    """
+    c = config
+    layers = [_layer_bytes(c, kind, tokens, compute_bytes, tensor) for kind in layer_kinds(c)]
+    residuals = [r for r, _ in layers]
+    if remat:
+        kept = len(layers) * tokens * c.hidden_size * compute_bytes + max(residuals)
+    else:
+        kept = sum(residuals)
+    logits = 4 * tokens * c.vocab_size * 4
+    return kept + max(work for _, work in layers) + logits
