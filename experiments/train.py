@@ -9,6 +9,18 @@ plots into ``--workdir``. Libraries' INFO logs (orbax, absl) are off unless
 
 From an installed wheel (this file is not part of the package), run it as a
 script: ``python path/to/experiments/train.py --config=path/to/config.py``.
+
+``--dry_run`` loads the config only (no weights, no tasks), prints the memory
+plan per device of a text-agent run (`wmrl_jax.train.memory`) and exits 0 when
+it fits, 1 with the knob to change when it does not:
+
+    python -m experiments.train --config=experiments/configs/qwen3_8b_mledojo.py \
+        --dry_run --dry_run_model=qwen3-8b --dry_run_device=h200
+
+Without ``--dry_run_device`` it plans for the devices present, after checking
+the config's mesh against them. The architecture comes from ``--dry_run_model``
+(a known name or a checkpoint directory), else from
+``config.agent.text.checkpoint``'s config.json.
 """
 
 from __future__ import annotations
@@ -20,8 +32,9 @@ from ml_collections import config_flags
 
 from wmrl_jax.envs.grading import TaskError
 from wmrl_jax.envs.task import ManifestError
+from wmrl_jax.models import architectures
 from wmrl_jax.sandbox.files import InputError
-from wmrl_jax.train import loop, summary
+from wmrl_jax.train import loop, memory, mesh, summary
 from wmrl_jax.train.checkpoint import CheckpointError
 from wmrl_jax.train.config import ConfigError
 
@@ -29,6 +42,19 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/tiny_cpu.py", "Training config.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", "outputs/tiny_cpu", "Checkpoints, metrics, plots.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Print the memory plan per device and exit: 0 if it fits, else 1."
+)
+_DRY_RUN_DEVICE = flags.DEFINE_string(
+    "dry_run_device", "",
+    f"Plan for this accelerator ({', '.join([*memory.ACCELERATORS, 'cpu'])}) instead of the "
+    "devices present.",
+)  # fmt: skip
+_DRY_RUN_MODEL = flags.DEFINE_string(
+    "dry_run_model", "",
+    f"The architecture: {', '.join(architectures.names())}, or a checkpoint directory; "
+    "default: config.agent.text.checkpoint.",
+)  # fmt: skip
 
 
 def quiet_libraries() -> None:
@@ -45,6 +71,20 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     quiet_libraries()
+    if _DRY_RUN.value:
+        try:
+            plan = mesh.plan_run(
+                _CONFIG.value, device=_DRY_RUN_DEVICE.value, model=_DRY_RUN_MODEL.value
+            )
+        except ConfigError as e:
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(f"architecture: {_DRY_RUN_MODEL.value or _CONFIG.value.agent.text.checkpoint}")
+        print(plan.format())
+        if not plan.fits:
+            print("error: the run does not fit: " + "; ".join(plan.problems), file=sys.stderr)
+            sys.exit(1)
+        return
     try:
         result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
     except USER_ERRORS as e:

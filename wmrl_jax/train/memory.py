@@ -194,7 +194,7 @@ class MemoryPlan:
             row("usable device memory", self.device.usable,
                 f" of {self.device.total / GIB:.1f} ({self.device.note})" if self.device.note
                 else f" of {self.device.total / GIB:.1f}"),
-            f"  model: {self.param_count / 1e9:.2f} B params in {w.param_dtype}",
+            f"  model: {self.param_count:,} params in {w.param_dtype}",
             *(row(name, size) for name, size in self.resident.items()),
             row("resident total", resident),
             row(f"rollout sequence ({w.prompt_tokens}+{w.new_tokens} tokens)", self.gen_row,
@@ -379,7 +379,7 @@ def _knobs(config, w: Workload, p: MemoryPlan):
             else:
                 single = dataclasses.replace(w, microbatches=per_device)
                 fix = f"config.train.num_microbatches={per_device} with {shortest('train', single)}"
-            if not w.remat:
+            if not w.remat and fixed < device.usable:
                 fix += (
                     f" (per-layer remat, not in the train step yet, would need "
                     f"{p.train_row_remat / GIB:.0f} GiB per sequence)"

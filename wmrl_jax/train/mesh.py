@@ -4,6 +4,8 @@
 builds its mesh, and what `--dry_run` calls when it plans for the devices of
 this machine: the product of the (data, fsdp, tensor) axes must be the number of
 devices, or a `ConfigError` names the fields, the devices and a mesh that fits.
+`plan_run` is the whole of `--dry_run`: a config's memory plan on a named
+accelerator or on the devices present.
 
 Example:
     >>> sizes = check_mesh(config.mesh, jax.devices())     # {"data": 1, "fsdp": 8, ...}
@@ -17,6 +19,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from wmrl_jax.models import architectures
+from wmrl_jax.train import memory
 from wmrl_jax.train.config import ConfigError
 from wmrl_jax.train.memory import AXES, GIB, RESERVE, Device, named_device
 
@@ -70,3 +74,48 @@ def check_mesh(mesh_config, devices: Sequence) -> dict:
             f"({present}); set {fix}, or an axis to -1 (the devices the others leave)"
         )
     return sizes
+
+
+def plan_run(config, *, device: str = "", model: str = "", devices=None) -> memory.MemoryPlan:
+    """The memory plan of a text-agent training config, without weights or tasks.
+
+    Args:
+        config: a training config (`config.agent.kind` "text").
+        device: a named accelerator (`memory.named_device`) for the config's mesh;
+            "" plans for `devices` after `check_mesh`.
+        model: a known architecture (`models.architectures`) or a checkpoint
+            directory; "" reads `config.agent.text.checkpoint`'s config.json.
+        devices: the devices present (default `jax.devices()`).
+
+    Raises:
+        ConfigError: no architecture, an unknown device, a mesh the devices cannot hold.
+    """
+    if config.agent.kind != "text":
+        raise ConfigError(
+            f"--dry_run plans text-agent runs, not config.agent.kind={config.agent.kind!r}"
+        )
+    source = model or config.agent.text.checkpoint
+    if not source:
+        raise ConfigError(
+            f"--dry_run needs the architecture: --dry_run_model={'|'.join(architectures.names())} "
+            "(or a checkpoint directory), or config.agent.text.checkpoint"
+        )
+    try:
+        arch = architectures.resolve(source)
+        if device:
+            sizes = {a: int(config.mesh[a]) for a in AXES}
+            if min(sizes.values()) < 1:
+                raise ConfigError(f"--dry_run_device needs explicit config.mesh sizes, got {sizes}")
+            target = named_device(device, mesh_devices=math.prod(sizes.values()))
+        else:
+            if devices is None:
+                import jax
+
+                devices = jax.devices()
+            sizes = check_mesh(config.mesh, devices)
+            target = device_memory(devices[: math.prod(sizes.values())])
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    return memory.plan(arch, memory.workload_from_config(config), sizes, target)
