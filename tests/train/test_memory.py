@@ -133,9 +133,11 @@ def test_check_mesh_against_the_devices_present():
     eight = [FakeDevice() for _ in range(8)]
     assert mesh.check_mesh(_mesh(), eight) == _mesh()
     assert mesh.check_mesh(_mesh(fsdp=-1, tensor=2), eight) == _mesh(fsdp=4, tensor=2)
-    with pytest.raises(ConfigError, match=r"needs 8 devices but 1 .*1 x gpu NVIDIA H200.*fsdp=1"):
+    with pytest.raises(
+        ConfigError, match=r"needs 8 devices; 1 present \(1 x gpu NVIDIA H200\).*fsdp=1"
+    ):
         mesh.check_mesh(_mesh(), eight[:1])
-    with pytest.raises(ConfigError, match=r"needs 4 devices but 8"):
+    with pytest.raises(ConfigError, match=r"needs 4 devices; 8 present"):
         mesh.check_mesh(_mesh(fsdp=4), eight)  # an accelerator left idle is a mistake
     with pytest.raises(ConfigError, match="config.mesh sizes"):
         mesh.check_mesh(_mesh(fsdp=0), eight)
@@ -157,7 +159,7 @@ def test_plan_run_on_a_named_device_or_the_devices_present():
     assert named.mesh == _mesh() and named.device.name == "h200"
     present = mesh.plan_run(config, model="qwen3-4b", devices=[FakeDevice() for _ in range(8)])
     assert present.device.total == 100 * 2**30 and present.mesh == _mesh()
-    with pytest.raises(ConfigError, match="needs 8 devices but 1"):
+    with pytest.raises(ConfigError, match="needs 8 devices; 1 present"):
         mesh.plan_run(config, model="qwen3-4b", devices=[FakeDevice()])
 
 

@@ -295,6 +295,12 @@ def _ok(config, w: Workload, mesh, device, part: str) -> bool:
     return {"rollout": p.gen_rows >= 1, "wm": p.wm_rows >= 1, "train": p.train_fits}[part]
 
 
+def _ok_with(config, p: MemoryPlan, part: str, mesh=None, **changes) -> bool:
+    """Whether `part` fits with some workload fields (or the mesh) changed."""
+    w = dataclasses.replace(p.workload, **changes)
+    return _ok(config, w, mesh or p.mesh, p.device, part)
+
+
 def _largest(ok, high: int) -> int:
     """The largest n in [1, high] with ok(n), for ok true up to some n; 0 if none."""
     lo, hi = 0, high
@@ -306,86 +312,80 @@ def _largest(ok, high: int) -> int:
 
 def _knobs(config, w: Workload, p: MemoryPlan):
     """One message per part that does not fit, naming the config fields that fix it."""
-    mesh, device, text = p.mesh, p.device, "config.agent.text."
     split = w.microbatches * p.batch_devices
     if w.rollout_rows % split:
         yield (
             f"the {w.rollout_rows} rollout rows do not split into config.train.num_microbatches="
             f"{w.microbatches} x {p.batch_devices} batch devices (data x fsdp)"
         )
-    parts = [
-        n
-        for n, ok in (("rollout", p.gen_rows), ("wm", p.wm_rows), ("train", p.train_fits))
-        if not ok
-    ]
-    if not parts:
-        return
-    fsdp = next((f for f in (2, 4, 8, 16, 32, 64) if f > mesh["fsdp"] and all(
-        _ok(config, w, {**mesh, "fsdp": f}, device, part) for part in parts)), None)  # fmt: skip
-    wider = ""
-    if fsdp:
-        wider = f" or config.mesh.fsdp={fsdp} ({fsdp * mesh['data'] * mesh['tensor']} devices)"
-
-    def shortest(part: str, w: Workload) -> str:
-        """The longest M (else P + M) with which one sequence of `part` fits."""
-        m = _largest(
-            lambda m: _ok(config, dataclasses.replace(w, new_tokens=m), mesh, device, part),
-            w.new_tokens,
+    failing = {"rollout": not p.gen_rows, "wm": not p.wm_rows, "train": not p.train_fits}
+    parts = [part for part, fails in failing.items() if fails]
+    wide = [f for f in (2, 4, 8, 16, 32, 64) if parts and f > p.mesh["fsdp"]]
+    fsdp = next((f for f in wide if all(
+        _ok_with(config, p, part, {**p.mesh, "fsdp": f}) for part in parts)), None)  # fmt: skip
+    wider = f" or config.mesh.fsdp={fsdp}" if fsdp else ""
+    if "rollout" in parts:
+        yield (
+            f"rollout: one sequence of {w.prompt_tokens}+{w.new_tokens} tokens does not fit "
+            f"({_shorter(config, w, p, 'rollout')}{wider})"
         )
-        if m:
-            return f"{text}max_new_tokens<={m}"
-        total = _largest(lambda n: _ok(config, dataclasses.replace(
-            w, prompt_tokens=n - n // 2, new_tokens=n // 2), mesh, device, part),
-            w.prompt_tokens + w.new_tokens)  # fmt: skip
+    if "wm" in parts:
+        fixes = [_shorter(config, w, p, "wm") + " (the WM prompt holds 1 + anchors programs)"]
+        fewer = [
+            a for a in range(w.anchors_per_task) if _ok_with(config, p, "wm", anchors_per_task=a)
+        ]
+        if fewer:
+            fixes.insert(0, f"{TEXT}anchors_per_task<={max(fewer)}")
+        yield (
+            f"world model: one sequence of {w.wm_prompt}+{w.wm_new_tokens} tokens does not fit "
+            f"({' or '.join(fixes)}{wider})"
+        )
+    if "train" in parts:
+        yield (
+            f"training: {p.train_rows} sequence(s) of {w.prompt_tokens + w.new_tokens} tokens "
+            f"per device per micro-batch do not fit ({_train_fix(config, w, p)}{wider})"
+        )
+
+
+TEXT = "config.agent.text."
+
+
+def _shorter(config, w: Workload, p: MemoryPlan, part: str) -> str:
+    """The longest M (else P + M, halved between them) with which `part` fits."""
+
+    def fits(prompt: int, new: int) -> bool:
+        shorter = dataclasses.replace(w, prompt_tokens=prompt, new_tokens=new)
+        return _ok(config, shorter, p.mesh, p.device, part)
+
+    new = _largest(lambda m: fits(w.prompt_tokens, m), w.new_tokens)
+    if new:
+        return f"{TEXT}max_new_tokens<={new}"
+    total = _largest(lambda n: fits(n - n // 2, n // 2), w.prompt_tokens + w.new_tokens)
+    if total:
+        return f"{TEXT}max_prompt_tokens + max_new_tokens <= {total}"
+    return "no shorter sequence fits"
+
+
+def _train_fix(config, w: Workload, p: MemoryPlan) -> str:
+    """More micro-batches if that is enough, else one row each and shorter sequences."""
+    fixed = sum(p.resident.values()) + p.grads
+    if fixed >= p.device.usable:
         return (
-            f"{text}max_prompt_tokens + max_new_tokens <= {total}"
-            if total
-            else "nothing shorter fits"
+            f"the resident state and gradients alone need {fixed / GIB:.1f} GiB of the "
+            f"{p.device.usable / GIB:.1f} usable: more devices, or a larger "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION"
         )
-
-    for part in parts:
-        if part == "rollout":
-            fix = shortest("rollout", w)
-            what = f"rollout: one sequence of {w.prompt_tokens}+{w.new_tokens} tokens does not fit"
-        elif part == "wm":
-            fix = " or ".join(
-                [f"{text}anchors_per_task<={a}" for a in range(w.anchors_per_task)[::-1][:1]
-                 if _ok(config, dataclasses.replace(w, anchors_per_task=a), mesh, device, "wm")]
-                + [shortest("wm", w)]
-            )  # fmt: skip
-            what = (
-                f"world model: one sequence of {w.wm_prompt}+{w.wm_new_tokens} tokens does not fit"
-            )
-        else:
-            per_device = max(w.rollout_rows // p.batch_devices, 1)
-            more = [k for k in range(w.microbatches + 1, per_device + 1) if per_device % k == 0]
-            micro = next(
-                (
-                    k
-                    for k in more
-                    if _ok(config, dataclasses.replace(w, microbatches=k), mesh, device, "train")
-                ),
-                None,
-            )
-            fixed = sum(p.resident.values()) + p.grads
-            if fixed >= device.usable:
-                fix = (
-                    f"the resident state and gradients alone need {fixed / GIB:.1f} GiB of the "
-                    f"{device.usable / GIB:.1f} usable: more devices, or a larger "
-                    "XLA_PYTHON_CLIENT_MEM_FRACTION"
-                )
-            elif micro:
-                fix = f"config.train.num_microbatches={micro}"
-            else:
-                single = dataclasses.replace(w, microbatches=per_device)
-                fix = f"config.train.num_microbatches={per_device} with {shortest('train', single)}"
-            if not w.remat and fixed < device.usable:
-                fix += (
-                    f" (per-layer remat, not in the train step yet, would need "
-                    f"{p.train_row_remat / GIB:.0f} GiB per sequence)"
-                )
-            what = (
-                f"training: {p.train_rows} sequence(s) of {w.prompt_tokens + w.new_tokens} tokens "
-                "per device per micro-batch do not fit"
-            )
-        yield f"{what} ({fix}{wider})"
+    per_device = max(w.rollout_rows // p.batch_devices, 1)
+    more = (k for k in range(w.microbatches + 1, per_device + 1) if per_device % k == 0)
+    micro = next((k for k in more if _ok_with(config, p, "train", microbatches=k)), None)
+    if micro:
+        fix = f"config.train.num_microbatches={micro}"
+    else:
+        shorter = _shorter(config, dataclasses.replace(w, microbatches=per_device), p, "train")
+        fix = f"config.train.num_microbatches={per_device} with {shorter}"
+    if not w.remat:
+        fix += (
+            f" (per-layer remat, not in the train step yet, would need "
+            f"{p.train_row_remat / GIB:.0f} GiB per sequence)"
+        )
+    return fix

@@ -61,7 +61,8 @@ def check_mesh(mesh_config, devices: Sequence) -> dict:
     cpu_subset = need < n and all(d.platform == "cpu" for d in devices)
     if need != n and not cpu_subset:
         kinds = collections.Counter(
-            f"{d.platform} {getattr(d, 'device_kind', '')}" for d in devices
+            d.platform if d.device_kind.lower() == d.platform else f"{d.platform} {d.device_kind}"
+            for d in devices
         )
         present = ", ".join(f"{count} x {kind.strip()}" for kind, count in sorted(kinds.items()))
         shown = ", ".join(f"{name}={sizes[name]}" for name in AXES)
@@ -70,7 +71,7 @@ def check_mesh(mesh_config, devices: Sequence) -> dict:
             f"config.mesh.data=1, config.mesh.fsdp={n}, config.mesh.tensor=1"
         )  # fmt: skip
         raise ConfigError(
-            f"config.mesh ({shown}) needs {need} devices but {n} are present "
+            f"config.mesh ({shown}) needs {need} devices; {n} present "
             f"({present}); set {fix}, or an axis to -1 (the devices the others leave)"
         )
     return sizes
