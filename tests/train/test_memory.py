@@ -46,7 +46,13 @@ def test_resident_state_per_device():
     kl = memory.plan(arch, _workload(**{"train.loss.kl_coef": 0.04}), FSDP8, H200)
     assert kl.resident["reference params (KL)"] == 2 * shard
     frozen = memory.plan(arch, _workload(**{"agent.wm_params": "initial"}), FSDP8, H200)
-    assert frozen.resident["frozen WM params (unsharded)"] == 2 * 4_022_468_096
+    assert frozen.resident["frozen WM params"] == 2 * 4_022_468_096  # the unsharded load
+    sharded = memory.workload_from_config(
+        override(qwen3_4b_mledojo.get_config(), **{"agent.wm_params": "initial"}),
+        unsharded_load=False,
+    )
+    resident = memory.plan(arch, sharded, FSDP8, H200).resident
+    assert resident["frozen WM params"] == 2 * shard and "loaded params on device 0" not in resident
     single = memory.plan(arch, _workload(), {"fsdp": 1}, H200)
     assert "loaded params on device 0" not in single.resident  # the state is that copy
 

@@ -7,7 +7,7 @@ the (data, fsdp, tensor) mesh it counts
   `models.sharding`, counted exactly), the AdamW moments (two per param, in the
   params' dtype as optax keeps them unless told otherwise), the frozen reference
   params when `train.loss.kl_coef` != 0, a frozen world-model copy when
-  `agent.wm_params` is "initial" (today a copy of the loaded params, unsharded),
+  `agent.wm_params` is "initial" (a copy of the loaded params, sharded as they are),
   and the unsharded copy the agent loads onto the first device (kept while the
   trainer holds it; the worst device is planned);
 * **generation** (rollouts, then world-model passes): per sequence, the decode
@@ -120,10 +120,14 @@ class Workload:
         return self.rollout_rows * self.wm_samples
 
 
-def workload_from_config(config) -> Workload:
-    """The `Workload` of a training config with a text agent (`config.agent.text`)."""
+def workload_from_config(config, **fields) -> Workload:
+    """The `Workload` of a training config with a text agent (`config.agent.text`).
+
+    `fields` override what the config does not say, e.g. `unsharded_load=False`
+    once the agent loads its params straight into their shardings.
+    """
     text = config.agent.text
-    return Workload(
+    workload = Workload(
         param_dtype=text.dtype,
         compute_dtype=config.train.compute_dtype,
         rollout_rows=config.tasks_per_step * config.group_size,
@@ -138,6 +142,7 @@ def workload_from_config(config) -> Workload:
         frozen_wm=config.agent.wm_params == "initial",
         remat=bool(config.train.get("remat", False)),
     )
+    return dataclasses.replace(workload, **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +224,8 @@ def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
     }
     if w.reference:
         out["reference params (KL)"] = shard * pb
-    if w.frozen_wm:
-        out["frozen WM params (unsharded)"] = full * pb
+    if w.frozen_wm:  # a copy of the loaded params, sharded as they are
+        out["frozen WM params"] = (full if w.unsharded_load else shard) * pb
     if w.unsharded_load and math.prod(mesh.values()) > 1:  # one device: no second copy
         out["loaded params on device 0"] = full * pb
     if mesh["fsdp"] > 1:  # FSDP all-gathers weights of a layer, twice (prefetch)
