@@ -59,6 +59,7 @@ def test_resident_state_per_device():
 
 def test_generation_rows_fill_the_free_memory():
     p = memory.plan(architectures.get("qwen3.5-9b"), _workload(), FSDP8, H200)
+    assert p.batch_sizes() == {"rollout": 8 * p.gen_rows, "wm": 8 * p.wm_rows}
     free = H200.usable - sum(p.resident.values())
     assert p.gen_rows >= 1 and p.gen_rows * p.gen_row <= free < (p.gen_rows + 1) * p.gen_row
     assert p.wm_rows * p.wm_row <= free < (p.wm_rows + 1) * p.wm_row
@@ -102,6 +103,7 @@ def test_a_plan_that_fits_and_rows_that_do_not_split():
     assert p.fits, p.problems
     assert p.format().splitlines()[-1] == "  fits"
     assert "batch_size=128 of 128" in p.format()
+    assert p.batch_sizes() == {"rollout": 128, "wm": min(p.wm_rows, 64) * 8}
     odd = memory.plan(architectures.get("qwen3-4b"), _workload(**small), {"fsdp": 3}, H200)
     assert any("config.train.num_microbatches=8 x 3" in q for q in odd.problems)
 

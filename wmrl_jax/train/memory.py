@@ -181,6 +181,20 @@ class MemoryPlan:
     def batch_devices(self) -> int:
         return self.mesh["data"] * self.mesh["fsdp"]
 
+    def batch_sizes(self) -> dict[str, int]:
+        """Rows per generation call, by role ("rollout", "wm"): what fits, capped at the rows.
+
+        Each is a multiple of the batch devices (data x fsdp), so the rows and the
+        decode cache split evenly; at least one row per device, even where the plan
+        says none fits (the run then fails where the plan said it would).
+        """
+        d, w = self.batch_devices, self.workload
+
+        def size(per_device: int, rows: int) -> int:
+            return d * max(min(per_device, -(-rows // d)), 1)
+
+        return {"rollout": size(self.gen_rows, w.rollout_rows), "wm": size(self.wm_rows, w.wm_rows)}
+
     def format(self) -> str:
         """The plan as a table, one line per term, in GiB."""
         w, resident = self.workload, sum(self.resident.values())
@@ -188,8 +202,10 @@ class MemoryPlan:
         def row(label: str, size: float, note: str = "") -> str:
             return f"  {label:<40}{size / GIB:8.1f} GiB{note}"
 
-        def batch(per_device: int, rows: int) -> str:
-            size = min(per_device * self.batch_devices, rows)
+        sizes = self.batch_sizes()
+
+        def batch(per_device: int, role: str, rows: int) -> str:
+            size = sizes[role] if per_device else 0
             return f"  -> {per_device} per device, batch_size={size} of {rows}"
 
         remat = " (remat)" if w.remat else f"  (with remat: {self.train_row_remat / GIB:.1f} GiB)"
@@ -203,9 +219,9 @@ class MemoryPlan:
             *(row(name, size) for name, size in self.resident.items()),
             row("resident total", resident),
             row(f"rollout sequence ({w.prompt_tokens}+{w.new_tokens} tokens)", self.gen_row,
-                batch(self.gen_rows, w.rollout_rows)),
+                batch(self.gen_rows, "rollout", w.rollout_rows)),
             row(f"WM sequence ({w.wm_prompt}+{w.wm_new_tokens} tokens)", self.wm_row,
-                batch(self.wm_rows, w.wm_rows)),
+                batch(self.wm_rows, "wm", w.wm_rows)),
             row("gradients (f32 sum + one micro-batch)", self.grads),
             row(f"train sequence ({w.prompt_tokens + w.new_tokens} tokens)", self.train_row, remat),
             row(f"train peak ({self.train_rows} seq/device/micro-batch)", self.train_peak),

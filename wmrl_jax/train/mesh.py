@@ -77,7 +77,9 @@ def check_mesh(mesh_config, devices: Sequence) -> dict:
     return sizes
 
 
-def plan_run(config, *, device: str = "", model: str = "", devices=None) -> memory.MemoryPlan:
+def plan_run(
+    config, *, device: str = "", model: str = "", devices=None, **fields
+) -> memory.MemoryPlan:
     """The memory plan of a text-agent training config, without weights or tasks.
 
     Args:
@@ -87,6 +89,7 @@ def plan_run(config, *, device: str = "", model: str = "", devices=None) -> memo
         model: a known architecture (`models.architectures`) or a checkpoint
             directory; "" reads `config.agent.text.checkpoint`'s config.json.
         devices: the devices present (default `jax.devices()`).
+        **fields: `memory.Workload` fields the config does not hold (`unsharded_load`).
 
     Raises:
         ConfigError: no architecture, an unknown device, a mesh the devices cannot hold.
@@ -119,4 +122,4 @@ def plan_run(config, *, device: str = "", model: str = "", devices=None) -> memo
         raise
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    return memory.plan(arch, memory.workload_from_config(config), sizes, target)
+    return memory.plan(arch, memory.workload_from_config(config, **fields), sizes, target)
