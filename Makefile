@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run study controlled embodied test lint bench engine sandbox-image fixtures clean
+.PHONY: install run study controlled embodied test lint bench engine sandbox-image sandbox-image-cuda fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -55,3 +55,6 @@ sandbox-image: $(STAMP)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .hypothesis
+
+sandbox-image-cuda: $(STAMP)
+	$(PY) -m wmrl_jax.sandbox.image --variant=cuda

@@ -97,3 +97,20 @@ def test_cost_model_charges_rows_at_llm_lengths():
     assert from_config(on).lengths == lengths
     with pytest.raises(ConfigError, match="token lengths"):
         validate_config(override(on, **{"cost_model.wm_tokens": 0.0}))
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"executor.gpus": "two"}, "executor.gpus"),
+        ({"executor.gpus_per_program": 1}, "needs config.executor.gpus"),
+        ({"executor.gpus": "1", "executor.kind": "local"}, "needs a Docker executor"),
+        ({"executor.gpus": "1", "executor.kind": "replay"}, "needs a Docker executor"),
+        ({"executor.gpus": "0,1,2", "executor.gpus_per_program": 2}, "executor.gpus"),
+        ({"executor.gpu_memory_fraction": 1.5}, "gpu_memory_fraction"),
+    ],
+)
+def test_gpu_settings_are_checked(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        validate_config(override(base_config(), **overrides))
+    validate_config(override(base_config(), **{"executor.gpus": "all", "executor.kind": "docker"}))

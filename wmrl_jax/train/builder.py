@@ -153,18 +153,28 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
     from wmrl_jax import sandbox
 
     kwargs = dict(max_workers=config.executor.workers, timeout_s=config.executor.timeout_s)
+    gpus = _gpu_kwargs(config.executor)
     if kind == "docker":
         try:
-            executor = sandbox.DockerExecutor(config.executor.image or None, **kwargs)
+            executor = sandbox.DockerExecutor(config.executor.image or None, **kwargs, **gpus)
         except sandbox.InfraError as e:
             raise ConfigError(f"config.executor.kind='docker' but: {e}") from e
     elif kind in ("ray", "engines"):
-        executor = _fanout_executor(config.executor, kwargs)
+        executor = _fanout_executor(config.executor, kwargs, gpus)
     elif kind == "local":
         executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
     else:  # "auto"; the local backend warns that it does not isolate.
-        executor = sandbox.make_executor(
-            config.executor.image or None, python=sys.executable, **kwargs
+        try:
+            executor = sandbox.make_executor(
+                config.executor.image or None, python=sys.executable, **kwargs, **gpus
+            )
+        except sandbox.InfraError as e:  # only with GPUs: no local fallback for them
+            raise ConfigError(f"config.executor.gpus={config.executor.gpus!r} but: {e}") from e
+    if isinstance(executor, sandbox.DockerExecutor) and executor.gpu_refusal:
+        # No GPU runtime: every run would be an infra_error; say so before training.
+        executor.close()
+        raise ConfigError(
+            f"config.executor.gpus={config.executor.gpus!r} but {executor.gpu_refusal}"
         )
     if kind in ("ray", "engines"):
         environment = kind
@@ -197,7 +207,18 @@ def check_workdir(path: str) -> None:
         raise ConfigError(f"--workdir {path!r} is not a writable directory: {e.strerror}") from e
 
 
-def _fanout_executor(c: ml_collections.ConfigDict, kwargs: dict):
+def _gpu_kwargs(c: ml_collections.ConfigDict) -> dict:
+    """`DockerExecutor`'s GPU keywords from config.executor ({} without GPUs)."""
+    if not c.gpus:
+        return {}
+    return dict(
+        gpus=c.gpus,
+        gpus_per_program=c.gpus_per_program or None,
+        gpu_memory_fraction=c.gpu_memory_fraction or None,
+    )
+
+
+def _fanout_executor(c: ml_collections.ConfigDict, kwargs: dict, gpus: dict):
     """Executions fanned out over a Ray cluster's nodes or several Docker engines."""
     import functools
 
@@ -210,7 +231,7 @@ def _fanout_executor(c: ml_collections.ConfigDict, kwargs: dict):
             from wmrl_jax.sandbox.ray_executor import RayExecutor
 
             make = functools.partial(
-                sandbox.DockerExecutor, c.image or None, timeout_s=kwargs["timeout_s"]
+                sandbox.DockerExecutor, c.image or None, timeout_s=kwargs["timeout_s"], **gpus
             )
             return RayExecutor(
                 c.ray_address or None, slots_per_node=c.workers, make_executor=make,
@@ -220,7 +241,7 @@ def _fanout_executor(c: ml_collections.ConfigDict, kwargs: dict):
         if not urls:
             raise ConfigError("config.executor.engines (or WMRL_DOCKER_ENGINES) names no engine")
         return EnginePool(
-            urls, c.image or None, slots=c.workers, timeout_s=kwargs["timeout_s"], **fan
+            urls, c.image or None, slots=c.workers, timeout_s=kwargs["timeout_s"], **fan, **gpus
         )
     except sandbox.InfraError as e:
         raise ConfigError(f"config.executor.kind={c.kind!r} but: {e}") from e

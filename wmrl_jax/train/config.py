@@ -108,6 +108,15 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # Seeds a program is executed under in a sandbox (replicate k sets WMRL_REPLICATE=k);
     # a run pays at most this many executions per distinct program. Replay: the table's.
     config.executor.replicates = 1
+    # GPUs of each sandbox container (Docker kinds: auto, docker, ray, engines): "" none,
+    # "1" / "2" any n (devices 0..n-1), "all", or "device=0,1" by index or UUID. With
+    # GPUs the image defaults to the CUDA variant (python -m wmrl_jax.sandbox.image
+    # --variant=cuda). gpus_per_program > 0 hands each running program its own that
+    # many of the devices; gpu_memory_fraction > 0 is an advisory per-program cap
+    # (XLA_PYTHON_CLIENT_MEM_FRACTION); 0 leaves the frameworks' defaults.
+    config.executor.gpus = ""
+    config.executor.gpus_per_program = 0
+    config.executor.gpu_memory_fraction = 0.0
 
     config.rewards = ml_collections.ConfigDict()
     config.rewards.invalid = -0.25
@@ -233,6 +242,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         )
     _at_least(config, "executor.deadline_s", 0.0)
     _at_least(config, "executor.replicates", 1)
+    _validate_gpus(config)
     if not config.executor.timeout_s > 0:
         raise ConfigError(f"config.executor.timeout_s must be > 0, got {config.executor.timeout_s}")
     if not config.correction.real_var_prior > 0:
@@ -261,6 +271,30 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _validate_agent(config)
     if config.tasks.source in ("dir", "mle_dojo") and not config.tasks.path:
         raise ConfigError(f"config.tasks.path is required for tasks.source={config.tasks.source!r}")
+
+
+def _validate_gpus(config: ml_collections.ConfigDict) -> None:
+    from wmrl_jax.sandbox import gpus as gpus_lib
+
+    c = config.executor
+    _at_least(config, "executor.gpus_per_program", 0)
+    if not 0.0 <= c.gpu_memory_fraction <= 1.0:
+        raise ConfigError(
+            f"config.executor.gpu_memory_fraction must be in [0, 1], got {c.gpu_memory_fraction}"
+        )
+    try:
+        request = gpus_lib.parse_gpus(c.gpus)
+        if request is not None and c.gpus_per_program:
+            gpus_lib.split_devices(request, c.gpus_per_program)
+    except ValueError as e:
+        raise ConfigError(f"config.executor.gpus: {e}") from e
+    if request is None and c.gpus_per_program:
+        raise ConfigError("config.executor.gpus_per_program needs config.executor.gpus")
+    if request is not None and c.kind in ("local", "replay"):
+        raise ConfigError(
+            f"config.executor.gpus={c.gpus!r} needs a Docker executor (kind 'auto', 'docker',"
+            f" 'ray' or 'engines'), not {c.kind!r}"
+        )
 
 
 def _validate_agent(config: ml_collections.ConfigDict) -> None:
