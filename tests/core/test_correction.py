@@ -106,6 +106,37 @@ def test_ivd_off_uses_real_scores_on_anchors():
     )
 
 
+def test_anchor_memory_fuses_remembered_means_without_refitting():
+    rng = np.random.default_rng(11)
+    c = correction_lib.make_reward_correction(capacity=256, real_var_prior=0.01, min_anchors=4)
+    state = c.init()
+    for _ in range(4):
+        _, pred, real, anchor = _sim(rng, 50)
+        _, state, _ = _step(c, state, pred, real, anchor)
+    _, pred, real, anchor = _sim(rng, 50)
+    # Rows 0-9 not executed now, but remembered from 1 or 3 earlier executions.
+    anchor[:10] = False
+    known = np.full(50, np.nan, np.float32)
+    count = np.zeros(50, np.float32)
+    known[:10], count[:10] = rng.random(10), np.where(np.arange(10) < 5, 1.0, 3.0)
+    rewards, mem_state, diag = _step(c, state, pred, real, anchor, known_real=known,
+                                     known_count=count)  # fmt: skip
+    plain, plain_state, _ = _step(c, state, pred, real, anchor)
+    # The map and its buffer are those of the same step without memory.
+    chex.assert_trees_all_close(mem_state, plain_state)
+    debiased = np.asarray(c.debias(mem_state, pred), np.float64)  # the refitted map
+    var_wm, s2 = float(diag["sigma2_wm"]), float(diag["sigma2_real"])
+    var_known = s2 / count[:10]
+    expected = (debiased[:10] / var_wm + known[:10] / var_known) / (1 / var_wm + 1 / var_known)
+    np.testing.assert_allclose(np.asarray(rewards)[:10], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(rewards)[10:], np.asarray(plain)[10:], rtol=1e-6)
+    assert float(diag["n_remembered"]) == 10
+    # A remembered mean never overrides this step's own execution.
+    anchor[0] = True
+    rewards, _, diag = _step(c, state, pred, real, anchor, known_real=known, known_count=count)
+    assert float(diag["n_remembered"]) == 9
+
+
 def test_debias_off_passes_predictions_through():
     rng = np.random.default_rng(3)
     c = correction_lib.make_reward_correction(debias=False, ivd=False, use_real=False)

@@ -1,5 +1,7 @@
 """The table of arms: what each arm executes and feeds, and the anchor choice."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from wmrl_jax.train import arms
 
 def test_table_rows():
     t = arms.ARMS
-    assert set(t) == {"real", "anchors_only", "wm_naive", "wm_debias", "wmrl"}
+    assert set(t) == {"real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory"}
     assert (t["real"].executes, t["real"].world_model) == ("all", False)
     assert (t["anchors_only"].executes, t["anchors_only"].world_model) == ("anchors", False)
     assert (t["wm_naive"].executes, t["wm_naive"].use_real, t["wm_naive"].debias) == (
@@ -17,6 +19,10 @@ def test_table_rows():
     )  # fmt: skip
     assert (t["wm_debias"].debias, t["wm_debias"].ivd) == (True, False)
     assert (t["wmrl"].debias, t["wmrl"].ivd, t["wmrl"].use_real) == (True, True, True)
+    assert t["wmrl_memory"] == dataclasses.replace(t["wmrl"], name="wmrl_memory", memory=True)
+    assert not any(a.memory for name, a in t.items() if name != "wmrl_memory")
+    with pytest.raises(ValueError, match="memory"):
+        arms.Arm("x", executes="anchors", world_model=False, memory=True)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 import concurrent.futures
 import math
 
+import numpy as np
 import pytest
 
 from wmrl_jax.envs.outcomes import Outcome
@@ -122,3 +123,15 @@ def test_checkpointed_cache_keeps_replicates_and_request_counts():
 def test_a_source_without_replicates_is_refused():
     with pytest.raises(ValueError, match="num_replicates"):
         Runner(Source(num_replicates=0), retries=0, on_infra_error="wm_only")
+
+
+def test_remembered_means_of_executed_programs():
+    runner = Runner(Source(num_replicates=3), retries=0, on_infra_error="wm_only", seed=1)
+    tasks = [Task("a"), Task("b")]
+    for _ in range(2):  # "xx" on task a twice: two replicates known
+        _run(runner, tasks, ["xx", "q", "zzz", "q"], [0], 2)
+    mean, count = runner.remembered(tasks, ["xx", "xx", "xx", "zzz"], 2)
+    rewards = [o.reward for o in runner.cache[cache_key(tasks[0], "xx")].values()]
+    np.testing.assert_allclose(mean[:2], np.mean(rewards), rtol=1e-6)
+    np.testing.assert_array_equal(count, [2, 2, 0, 0])  # "xx" was never executed on task b
+    assert np.isnan(mean[2:]).all()

@@ -179,10 +179,9 @@ def _append(state, pred, real, new, capacity, decay) -> _Buffer:
     )
 
 
-def _check_update_shapes(pred_mean, pred_var, real, anchor_mask, real_replicate) -> None:
+def _check_update_shapes(pred_mean, pred_var, real, anchor_mask, **optional) -> None:
     named = {"pred_var": pred_var, "real": real, "anchor_mask": anchor_mask}
-    if real_replicate is not None:
-        named["real_replicate"] = real_replicate
+    named.update({k: v for k, v in optional.items() if v is not None})
     others = "`, `".join(named)
     message = f"correction update: `pred_mean` must have shape [N], and `{others}` the same shape"
     chex.assert_rank(pred_mean, 1, custom_message=message, **_BAD_INPUT)
@@ -420,7 +419,17 @@ def make_reward_correction(
         mapped = isotonic.isotonic_predict(state.fit, pred_mean, backend=backend)
         return jnp.where(jnp.sum(state.valid) >= min_anchors, mapped, pred_mean)
 
-    def update(state, pred_mean, pred_var, real, anchor_mask, *, real_replicate=None):
+    def update(
+        state,
+        pred_mean,
+        pred_var,
+        real,
+        anchor_mask,
+        *,
+        real_replicate=None,
+        known_real=None,
+        known_count=None,
+    ):
         """Corrects one step's rewards.
 
         Args:
@@ -432,6 +441,12 @@ def make_reward_correction(
           anchor_mask: bool of shape [N], samples that were executed.
           real_replicate: optional second real score of shape [N] (NaN where
             absent); pairs estimate σ²_real and the mean is used as `r`.
+          known_real: optional anchor memory of shape [N]: the mean real reward
+            of the sample's program from earlier executions (NaN where never
+            executed). Used for samples not executed this step, as a real
+            score of variance σ²_real / `known_count`; never appended to the
+            map's buffer (that pair was appended when it was executed).
+          known_count: executions behind `known_real`, shape [N].
 
         Returns:
           `(rewards, new_state, diagnostics)`: corrected rewards r* of shape
@@ -442,7 +457,10 @@ def make_reward_correction(
             not have its shape.
         """
         pred_mean = jnp.asarray(pred_mean, jnp.float32)
-        _check_update_shapes(pred_mean, pred_var, real, anchor_mask, real_replicate)
+        _check_update_shapes(
+            pred_mean, pred_var, real, anchor_mask,
+            real_replicate=real_replicate, known_real=known_real, known_count=known_count,
+        )  # fmt: skip
         pred_var = jnp.asarray(pred_var, jnp.float32)
         real = jnp.asarray(real, jnp.float32)
         usable_pred = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
@@ -480,14 +498,24 @@ def make_reward_correction(
         prior_mean = _masked_mean(buffer.real, buffer.valid)
         fallback = jnp.where(jnp.isnan(prior_mean), 0.0, prior_mean)
 
-        # 4. Fuse where a real score exists.
+        # 4. Fuse where a real score exists: executed now, or remembered.
+        fused_real, var_real, has_any = real, scores.var_real, has_real
+        if known_real is not None:
+            count = jnp.asarray(known_count, jnp.float32)
+            known = jnp.asarray(known_real, jnp.float32)
+            remembered = ~has_real & jnp.isfinite(known) & (count > 0)
+            fused_real = jnp.where(remembered, known, real)
+            var_real = jnp.where(
+                remembered, scores.sigma2_real / jnp.maximum(count, 1), scores.var_real
+            )
+            has_any = has_real | remembered
         rewards, weight_wm = _rewards(
             debiased,
             wm.var_wm,
-            real,
-            scores.var_real,
+            fused_real,
+            var_real,
             usable_pred,
-            has_real,
+            has_any,
             fallback,
             ivd=ivd,
             use_real=use_real,
@@ -506,6 +534,7 @@ def make_reward_correction(
         diagnostics = _diagnostics(
             new_state, pred_mean, real, prev, masks, had_map, wm, scores, weight_wm
         )
+        diagnostics["n_remembered"] = jnp.sum(has_any & ~has_real, dtype=jnp.float32)
         return rewards, new_state, diagnostics
 
     return RewardCorrection(init, update, debias_fn)

@@ -13,6 +13,10 @@ arm means the same thing everywhere. A new arm is one line in `ARMS`.
 | `wm_naive` | none | yes | no | no | raw predictions |
 | `wm_debias` | the anchors | yes | yes | no | g(r̂); real scores on anchors |
 | `wmrl` | the anchors | yes | yes | yes | g(r̂); anchors fused by inverse variance |
+| `wmrl_memory` | the anchors | yes | yes | yes | as `wmrl`, and remembered means |
+
+`wmrl_memory` adds anchor memory: a sample whose program was executed earlier
+in the run is fused with that program's remembered mean real reward.
 
 `anchors_only` executes exactly the groups `wmrl` would anchor (same rule,
 same key); with the "uncertain" anchor policy it has no variances to rank
@@ -49,6 +53,10 @@ class Arm:
       debias: Online Debiasing (isotonic map fitted on anchor pairs).
       ivd: Inverse-Variance Denoising of anchors (needs `use_real`).
       use_real: real scores of executed rows enter the fed rewards.
+      memory: anchor memory: a sample not executed this step whose program was
+        executed earlier in the run gets that program's mean real reward
+        (variance σ²_real / executions), fused with its prediction; it is
+        neither executed nor charged.
     """
 
     name: str
@@ -57,6 +65,7 @@ class Arm:
     debias: bool = False
     ivd: bool = False
     use_real: bool = True
+    memory: bool = False
 
     def __post_init__(self):
         if self.executes not in EXECUTES:
@@ -65,6 +74,8 @@ class Arm:
             raise ValueError(f"arm {self.name!r}: without a world model it must use real scores")
         if self.ivd and not self.use_real:
             raise ValueError(f"arm {self.name!r}: IVD fuses real scores, so it needs use_real")
+        if self.memory and not (self.world_model and self.use_real):
+            raise ValueError(f"arm {self.name!r}: anchor memory fuses real scores into WM rewards")
 
     @property
     def samples_anchors_only(self) -> bool:
@@ -88,6 +99,9 @@ ARMS: dict[str, Arm] = {
         Arm("wm_naive", executes="none", world_model=True, use_real=False),
         Arm("wm_debias", executes="anchors", world_model=True, debias=True),
         Arm("wmrl", executes="anchors", world_model=True, debias=True, ivd=True),
+        Arm(
+            "wmrl_memory", executes="anchors", world_model=True, debias=True, ivd=True, memory=True
+        ),
     )
 }
 

@@ -237,3 +237,17 @@ class Runner:
             out = Outcome(*(math.nan if v is None else v for v in r[3:]))
             self.cache.setdefault((r[0], r[1]), {})[int(r[2])] = out
         self.requests = {(r[0], r[1]): int(r[2]) for r in state["requests"]}
+
+    def remembered(
+        self, tasks: Sequence[Task], programs: Sequence[str], g: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Anchor memory: per row, the mean finite reward of the program's replicates
+        executed so far in the run, and how many (NaN and 0 where none), shape [N]."""
+        mean = np.full(len(programs), np.nan, np.float32)
+        count = np.zeros(len(programs), np.float32)
+        for i, program in enumerate(programs):
+            known = self.cache.get(cache_key(tasks[i // g], program), {})
+            rewards = [o.reward for o in known.values() if np.isfinite(o.reward)]
+            if rewards:
+                mean[i], count[i] = np.mean(rewards), len(rewards)
+        return mean, count

@@ -325,9 +325,14 @@ class Trainer:
         if self.arm.world_model:
             wm, before = record.wm, self.state.extra["correction"]
             record.debiased = np.asarray(self._debias(before, wm.mean), np.float32)
+            memory = {}
+            if self.arm.memory:  # Programs executed earlier in the run, fused from memory.
+                known, count = self.runner.remembered(record.tasks, record.rollout.programs,
+                                                      record.group_size)  # fmt: skip
+                memory = {"known_real": known, "known_count": count}
             rewards, corr_state, diag = self._correct(
                 before, wm.mean, wm.var, record.real, record.executed,
-                real_replicate=record.partner,
+                real_replicate=record.partner, **memory,
             )  # fmt: skip
             self.state = self.state.replace(extra={**self.state.extra, "correction": corr_state})
             record.rewards = np.asarray(rewards, np.float32)
