@@ -26,9 +26,15 @@ from wmrl_jax.train.memory import AXES, GIB, RESERVE, Device, named_device
 
 
 def device_memory(devices: Sequence) -> Device:
-    """The memory of the devices present (the smallest one's, from its allocator's limit)."""
-    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
-    if any(limit is None for limit in limits):  # CPU devices report nothing: share host RAM.
+    """The memory of the devices present: the smallest allocator limit among this process's.
+
+    CPU devices report no limit; they share this host's RAM.
+    """
+    import jax
+
+    local = [d for d in devices if getattr(d, "process_index", 0) == jax.process_index()]
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in local or devices]
+    if any(limit is None for limit in limits):
         return dataclasses.replace(named_device("cpu", len(devices)), name=devices[0].platform)
     limit = float(min(limits))
     note = f"the allocator's limit less {RESERVE / GIB:g} GiB"
