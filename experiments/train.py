@@ -18,9 +18,9 @@ it fits, 1 with the knob to change when it does not:
         --dry_run --dry_run_model=qwen3-8b --dry_run_device=h200
 
 Without ``--dry_run_device`` it plans for this host's devices, after checking
-the config's mesh against them (a mesh over several hosts needs the flag). The architecture comes from ``--dry_run_model``
-(a known name or a checkpoint directory), else from
-``config.agent.text.checkpoint``'s config.json.
+the config's mesh against them (a mesh over several hosts needs the flag). The
+architecture comes from ``--dry_run_model`` (a known name or a checkpoint
+directory), else from ``config.agent.text.checkpoint``'s config.json.
 """
 
 from __future__ import annotations
