@@ -183,3 +183,13 @@ def test_plan_run_reads_the_architecture_from_a_checkpoint_directory():
         mesh.plan_run(config, device="tpu")
     with pytest.raises(ConfigError, match="text-agent runs"):
         mesh.plan_run(override(config, **{"agent.kind": "recipe"}), device="h200")
+
+
+def test_the_named_mesh_is_the_smallest_fsdp_that_fits():
+    arch = architectures.get("qwen3.5-9b")
+    short = {"agent.text.max_prompt_tokens": 1536, "agent.text.max_new_tokens": 1024}
+    w = _workload(**short)
+    (problem,) = memory.plan(arch, w, {"fsdp": 4}, H200).problems
+    assert problem.endswith("or config.mesh.fsdp=16)")
+    assert memory.plan(arch, w, {"fsdp": 16}, H200).fits
+    assert not memory.plan(arch, w, FSDP8, H200).train_fits

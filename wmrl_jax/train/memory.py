@@ -341,7 +341,8 @@ def _knobs(config, w: Workload, p: MemoryPlan):
         )
     failing = {"rollout": not p.gen_rows, "wm": not p.wm_rows, "train": not p.train_fits}
     parts = [part for part, fails in failing.items() if fails]
-    wide = [f for f in (2, 4, 8, 16, 32, 64) if parts and f > p.mesh["fsdp"]]
+    rows = w.rollout_rows // (w.microbatches * p.mesh["data"])  # what fsdp must divide
+    wide = [f for f in (2, 4, 8, 16, 32, 64) if parts and f > p.mesh["fsdp"] and rows % f == 0]
     fsdp = next((f for f in wide if all(
         _ok_with(config, p, part, {**p.mesh, "fsdp": f}) for part in parts)), None)  # fmt: skip
     wider = f" or config.mesh.fsdp={fsdp}" if fsdp else ""
