@@ -39,7 +39,7 @@ def test_resident_state_per_device():
     shard = model_memory.param_elements_per_device(arch, FSDP8)
     p = memory.plan(arch, _workload(), FSDP8, H200)
     assert p.resident["params"] == 2 * shard
-    assert p.resident["optimizer (AdamW mu, nu)"] == 4 * shard  # two bf16 moments
+    assert p.resident["optimizer (AdamW mu, nu)"] == (4 + 2) * shard  # f32 mu, bf16 nu
     assert p.resident["loaded params on device 0"] == 2 * 4_022_468_096
     assert "reference params (KL)" not in p.resident
     assert p.grads == shard * (4 + 2)  # float32 sum + one bf16 micro-batch gradient

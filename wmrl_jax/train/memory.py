@@ -4,8 +4,8 @@
 the (data, fsdp, tensor) mesh it counts
 
 * **resident** state, there for the whole run: the policy params (sharded by
-  `models.sharding`, counted exactly), the AdamW moments (two per param, in the
-  params' dtype as optax keeps them unless told otherwise), the frozen reference
+  `models.sharding`, counted exactly), the AdamW moments (mu in float32, as optax
+  makes it from the float32 gradients; nu in the params' dtype), the frozen reference
   params when `train.loss.kl_coef` != 0, a frozen world-model copy when
   `agent.wm_params` is "initial" (a copy of the loaded params, sharded as they are),
   and the unsharded copy the agent loads onto the first device (kept while the
@@ -86,7 +86,8 @@ class Workload:
         microbatches: `config.train.num_microbatches`.
         wm_prompt_tokens: the world model's prompt length; None: P + (1 + anchors) M,
             the agent's default.
-        opt_dtype: the AdamW moments' dtype; None: the params' (optax's default).
+        mu_dtype: AdamW's first moment (float32: optax promotes it to the float32
+            gradients' dtype); the second moment keeps the params' dtype.
         reference: a frozen reference copy for the KL term (`kl_coef` != 0).
         frozen_wm: a frozen world-model copy (`agent.wm_params` = "initial").
         remat: per-layer rematerialisation in the train step.
@@ -104,7 +105,7 @@ class Workload:
     wm_new_tokens: int
     microbatches: int
     wm_prompt_tokens: int | None = None
-    opt_dtype: str | None = None
+    mu_dtype: str = "float32"
     reference: bool = False
     frozen_wm: bool = False
     remat: bool = False
@@ -236,7 +237,7 @@ def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
     full = model_memory.param_count(config)
     out = {
         "params": shard * pb,
-        "optimizer (AdamW mu, nu)": 2 * shard * DTYPE_BYTES[w.opt_dtype or w.param_dtype],
+        "optimizer (AdamW mu, nu)": shard * (DTYPE_BYTES[w.mu_dtype] + pb),
     }
     if w.reference:
         out["reference params (KL)"] = shard * pb
