@@ -43,6 +43,7 @@ JAX_MEM_FRACTION = 0.75  # JAX's default share of an accelerator's memory.
 RESERVE = 2 * GIB  # Runtime, cuBLAS / cuDNN workspaces, fragmentation.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AXES = ("data", "fsdp", "tensor")
+TEXT = "config.agent.text."  # Where the knobs of lengths live.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,9 +369,6 @@ def _knobs(config, w: Workload, p: MemoryPlan):
             f"training: {p.train_rows} sequence(s) of {w.prompt_tokens + w.new_tokens} tokens "
             f"per device per micro-batch do not fit ({_train_fix(config, w, p)}{wider})"
         )
-
-
-TEXT = "config.agent.text."
 
 
 def _shorter(config, w: Workload, p: MemoryPlan, part: str) -> str:
