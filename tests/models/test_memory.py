@@ -87,6 +87,13 @@ def test_cache_bytes_are_init_cache(name, dtype):
     assert memory.cache_bytes_per_row(config, 40, jnp.dtype(dtype).itemsize) * 3 == actual
 
 
+def test_score_bytes_are_the_attention_layers_share():
+    dense, hybrid = architectures.get("qwen3-4b"), architectures.get("qwen3.5-9b")
+    assert memory.score_bytes(dense, 1024) == 36 * 32 * 1024**2 * memory.SCORE_BYTES
+    assert memory.score_bytes(hybrid, 1024) == 8 * 16 * 1024**2 * memory.SCORE_BYTES
+    assert memory.score_bytes(hybrid, 1024) < memory.train_bytes_per_row(hybrid, 1024, 2)
+
+
 def test_tensor_axis_splits_heads_it_divides():
     config = architectures.get("qwen3.5-9b")  # 4 kv heads, 32 value heads
     one = memory.cache_bytes_per_row(config, 1024, 2, tensor=1)

@@ -221,6 +221,15 @@ def _score_cotangent_bytes(b: int) -> int:
     return b + 4
 
 
+def score_bytes(config: DecoderConfig, tokens: int, tensor: int = 1) -> int:
+    """What the attention layers' [H, T, T] scores alone keep in a training pass, one sequence.
+
+    The share of `train_bytes_per_row` that a fused attention kernel would not hold.
+    """
+    layers = layer_kinds(config).count("full_attention")
+    return layers * _attention_scores(config, tokens, tokens, tensor)
+
+
 def _attention_scores(config: DecoderConfig, queries: int, slots: int, tensor: int) -> int:
     """Live bytes of one attention layer's scores [H, queries, slots] (see `SCORE_BYTES`)."""
     heads = _split(config.num_attention_heads, tensor)

@@ -161,6 +161,7 @@ class MemoryPlan:
     wm_row: float  # cache + prefill, one world-model sequence
     train_row: float  # activations, one training sequence
     train_row_remat: float
+    train_row_scores: float  # the attention scores' share of train_row
     train_rows: int  # training rows per device per micro-batch
     gen_rows: int  # largest rollout rows per device
     wm_rows: int  # largest world-model rows per device
@@ -210,7 +211,10 @@ class MemoryPlan:
             size = sizes[role] if per_device else 0
             return f"  -> {per_device} per device, batch_size={size} of {rows}"
 
-        remat = " (remat)" if w.remat else f"  (with remat: {self.train_row_remat / GIB:.1f} GiB)"
+        scores = f"  (attention scores {self.train_row_scores / GIB:.1f} GiB"
+        remat = scores + (
+            ")" if w.remat else f"; with remat: {self.train_row_remat / GIB:.1f} GiB)"
+        )
         shown = ", ".join(f"{a}={self.mesh[a]}" for a in AXES)
         lines = [
             f"memory plan per device: {self.device.name}, mesh {shown}",
@@ -305,6 +309,7 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         wm_row=wm_row,
         train_row=model_memory.train_bytes_per_row(config, tokens, cb, t, w.remat),
         train_row_remat=model_memory.train_bytes_per_row(config, tokens, cb, t, True),
+        train_row_scores=model_memory.score_bytes(config, tokens, t),
         train_rows=-(-w.rollout_rows // (w.microbatches * mesh["data"] * mesh["fsdp"])),
         gen_rows=_rows(free, gen_row),
         wm_rows=_rows(free, wm_row),
