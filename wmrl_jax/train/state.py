@@ -153,12 +153,15 @@ def make_optimizer(config) -> optax.GradientTransformation:
       ValueError: on out-of-range fields.
     """
     schedule = make_schedule(config)
-    adamw = optax.inject_hyperparams(optax.adamw, static_args=("mask",))(
+    adamw = optax.inject_hyperparams(
+        optax.adamw, static_args=("mask", "mu_dtype"), hyperparam_dtype=jnp.float32
+    )(
         learning_rate=schedule,
         b1=config.b1,
         b2=config.b2,
         eps=config.eps,
         weight_decay=config.weight_decay,
+        mu_dtype=jnp.float32,
         mask=_is_matrix,
     )
     if config.clip_norm is None:
