@@ -131,6 +131,16 @@ def headline(analysis: dict) -> str:
             "Our aim, ≥ 3× against `real` and a clear win over `anchors_only`: "
             + ("**met**." if won else "**not met** on this benchmark.")
         )
+    memory = analysis.get("wmrl_memory")
+    if memory is not None:
+        diff = memory["heldout_final"] - wmrl["heldout_final"]
+        se = math.hypot(memory["heldout_final_se"], wmrl["heldout_final_se"])
+        side = "level with" if abs(diff) <= 2 * se else ("above" if diff > 0 else "below")
+        lines.append(
+            f"Anchor memory (`wmrl_memory`) ends {side} `wmrl` ({memory['heldout_final']:.3f} "
+            f"vs {wmrl['heldout_final']:.3f}, {diff:+.3f} ± {se:.3f}); `real` needs "
+            f"{report.ratio_cell(memory, 'ratio')} its compute."
+        )
     fused, real_err, wm_err = (wmrl.get(f"anchor_{s}_error_var") for s in ("fed", "real", "wm"))
     if None not in (fused, real_err, wm_err):
         below = fused < min(real_err, wm_err)

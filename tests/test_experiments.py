@@ -96,13 +96,23 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((tmp_path / "study" / "results.json").read_text())
-    assert set(results["analysis"]) >= {"real", "wm_naive", "wm_debias", "wmrl"}
-    assert (
-        results["analysis"]["real"]["executions_total"]
-        > results["analysis"]["wmrl"]["executions_total"]
-        > results["analysis"]["wm_naive"]["executions_total"]
-        == 0
-    )
+    arms = {"real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory"}
+    assert set(results["analysis"]) == arms
+    assert set(results["analysis_modelled"]) == arms and set(results["break_even"]) == {
+        "1000000000.0", "4000000000.0"
+    }  # fmt: skip
+    a = results["analysis"]
+    assert a["wm_naive"]["executions_total"] == 0 < a["wmrl"]["executions_total"]
+    # Equal compute: real spends it in fewer updates than the arms executing a quarter.
+    assert a["real"]["updates"] < a["wmrl"]["updates"] and a["real"]["updates"] >= 1
+    # Equal compute: every run that spends stops at the same budget, on the same grid.
+    budget = 40.0
+    for arm in ("real", "anchors_only", "wmrl"):
+        for run in results["runs"][arm]:
+            spent = run["steps"][-1]["ledger/compute_seconds"]
+            assert spent >= budget or len(run["steps"]) == 6, (arm, spent)
     text = readme.read_text()
     assert "old" not in text and "| wmrl |" in text and text.endswith("tail\n")
+    assert "| anchors_only |" in text and "Modelled ledger" in text
+    assert "Does it beat `anchors_only`?" in text
     assert (tmp_path / "docs" / "study_compute.png").stat().st_size > 0

@@ -118,6 +118,8 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
       ``raw_bias`` and ``debiased_bias``.
     """
     arm_spec = arms_lib.get(arm)
+    if arm_spec.memory:
+        raise ValueError(f"arm {arm!r}: anchor memory is not simulated in the controlled study")
     env_cfg, wm_cfg = config.env, config.world_model
     k_env, k_run = jax.random.split(key)
     env = simulated.make_env(
