@@ -40,16 +40,22 @@ def test_resident_state_per_device():
     p = memory.plan(arch, _workload(), FSDP8, H200)
     assert p.resident["params"] == 2 * shard
     assert p.resident["optimizer (AdamW mu, nu)"] == (4 + 2) * shard  # f32 mu, bf16 nu
-    assert p.resident["loaded params on device 0"] == 2 * 4_022_468_096
+    assert "loaded params on device 0" not in p.resident  # the agent loads onto the mesh
+    unsharded = memory.workload_from_config(qwen3_4b_mledojo.get_config(), unsharded_load=True)
+    p_unsharded = memory.plan(arch, unsharded, FSDP8, H200)
+    assert p_unsharded.resident["loaded params on device 0"] == 2 * 4_022_468_096
     assert "reference params (KL)" not in p.resident
     assert p.grads == shard * (4 + 2)  # float32 sum + one bf16 micro-batch gradient
     kl = memory.plan(arch, _workload(**{"train.loss.kl_coef": 0.04}), FSDP8, H200)
     assert kl.resident["reference params (KL)"] == 2 * shard
-    frozen = memory.plan(arch, _workload(**{"agent.wm_params": "initial"}), FSDP8, H200)
+    frozen = memory.workload_from_config(
+        override(qwen3_4b_mledojo.get_config(), **{"agent.wm_params": "initial"}),
+        unsharded_load=True,
+    )
+    frozen = memory.plan(arch, frozen, FSDP8, H200)
     assert frozen.resident["frozen WM params"] == 2 * 4_022_468_096  # the unsharded load
     sharded = memory.workload_from_config(
-        override(qwen3_4b_mledojo.get_config(), **{"agent.wm_params": "initial"}),
-        unsharded_load=False,
+        override(qwen3_4b_mledojo.get_config(), **{"agent.wm_params": "initial"})
     )
     resident = memory.plan(arch, sharded, FSDP8, H200).resident
     assert resident["frozen WM params"] == 2 * shard and "loaded params on device 0" not in resident

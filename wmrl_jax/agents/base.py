@@ -113,6 +113,9 @@ class AgentContext:
       train, heldout, pretrain: the run's tasks by split.
       floors: rewards of failed programs (`config.rewards`).
       key: PRNG key for initialisation and warm starts.
+      mesh: the run's (data, fsdp, tensor) mesh, or None (one device).
+      batch_sizes: rows per generation call by role ("rollout", "wm"), from the
+        trainer's memory plan; None: all rows in one call.
     """
 
     train: Sequence[Task]
@@ -120,6 +123,8 @@ class AgentContext:
     pretrain: Sequence[Task]
     floors: RewardFloors
     key: Any
+    mesh: Any = None
+    batch_sizes: Mapping[str, int] | None = None
 
 
 class Built(NamedTuple):
@@ -147,7 +152,10 @@ class Capabilities:
     Attributes:
       aux_loss: it provides world-model targets for `train.loss.aux_coef`.
       replayable: its programs can be answered by the recipe table (replay).
+      memory_plan: it is an LLM whose generation batch sizes come from the
+        trainer's memory plan (`train.memory`), passed as `AgentContext.batch_sizes`.
     """
 
     aux_loss: bool
     replayable: bool
+    memory_plan: bool = False

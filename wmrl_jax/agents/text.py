@@ -106,7 +106,9 @@ class TextAgent:
             P + (1 + anchors_per_task) * M. Anchors are dropped (oldest first), then
             context and program cut from the middle, to fit.
         invalid_reward: reward of an invalid submission, the WM's floor.
-        batch_size: rows per generation call (None = all rows in one call).
+        batch_size: rows per rollout / evaluation generation call (None = all rows
+            in one call).
+        wm_batch_size: rows per world-model generation call (None = all rows).
         stop_ids: stop tokens (default: the tokenizer's EOS, <|im_end|>, <|endoftext|>).
         mesh: optional mesh for the sampler's KV cache.
         sample_fn: the sampler (`models.sample`), injectable for tests.
@@ -139,6 +141,7 @@ class TextAgent:
         wm_max_prompt_tokens: int | None = None,
         invalid_reward: float = DEFAULT_FLOORS.invalid,
         batch_size: int | None = None,
+        wm_batch_size: int | None = None,
         stop_ids: Sequence[int] | None = None,
         mesh=None,
         sample_fn: Callable = sample,
@@ -154,8 +157,10 @@ class TextAgent:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
             raise ValueError(f"bad sampling filters: {temperature=}, {top_p=}, {top_k=}")
-        if anchors_per_task < 0 or (batch_size is not None and batch_size < 1):
-            raise ValueError(f"bad {anchors_per_task=} or {batch_size=}")
+        if anchors_per_task < 0 or any(
+            b is not None and b < 1 for b in (batch_size, wm_batch_size)
+        ):
+            raise ValueError(f"bad {anchors_per_task=}, {batch_size=} or {wm_batch_size=}")
         self.graphdef = model_graphdef
         self.tokenizer = tokenizer
         self.max_prompt_tokens = int(max_prompt_tokens)
@@ -170,6 +175,7 @@ class TextAgent:
         self.anchors_per_task = int(anchors_per_task)
         self.invalid_reward = float(invalid_reward)
         self.batch_size = batch_size
+        self.wm_batch_size = wm_batch_size
         self.stop_ids = tuple(stop_ids) if stop_ids is not None else _default_stop_ids(tokenizer)
         if not self.stop_ids:
             raise ValueError("no stop token: pass stop_ids or use a tokenizer with an EOS")
@@ -469,7 +475,7 @@ class TextAgent:
         return list(self._anchors.get(task.id, ()))
 
 
-CAPABILITIES = Capabilities(aux_loss=False, replayable=False)
+CAPABILITIES = Capabilities(aux_loss=False, replayable=False, memory_plan=True)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -514,7 +520,11 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
     from wmrl_jax.models import api
 
     validate_config(config)
-    model = api.from_pretrained(os.path.expanduser(config.checkpoint), dtype=config.dtype)
+    # Straight into the mesh's shardings: no unsharded copy on the first device.
+    model = api.from_pretrained(
+        os.path.expanduser(config.checkpoint), dtype=config.dtype, mesh=context.mesh
+    )
+    sizes = dict(context.batch_sizes or {})
     agent = TextAgent(
         model.graphdef,
         model.tokenizer,
@@ -527,6 +537,9 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
         top_k=config.top_k,
         anchors_per_task=config.anchors_per_task,
         invalid_reward=context.floors.invalid,
+        batch_size=sizes.get("rollout"),
+        wm_batch_size=sizes.get("wm"),
+        mesh=context.mesh,
         chat_template_kwargs={"enable_thinking": bool(config.enable_thinking)},
     )
     return Built(agent, model.params, model.graphdef, model.raw_config, {})

@@ -254,19 +254,29 @@ def load_table(config: ml_collections.ConfigDict):
     return tabular.RecipeTable.load(os.path.expanduser(config.executor.table) or None)
 
 
-def build_agent(config: ml_collections.ConfigDict, tasks: TaskSets, key, **kwargs) -> agents.Built:
+def build_agent(
+    config: ml_collections.ConfigDict,
+    tasks: TaskSets,
+    key,
+    *,
+    mesh=None,
+    batch_sizes=None,
+    **kwargs,
+) -> agents.Built:
     """The agent of `config.agent.kind`, from its sub-config `config.agent.<kind>`.
 
     Args:
       config: the training config.
       tasks: the run's tasks.
       key: PRNG key for the agent's initialisation and warm start.
+      mesh: the run's mesh (the agent loads and generates sharded on it).
+      batch_sizes: rows per generation call by role, from the memory plan.
       **kwargs: passed to the kind's factory (e.g. an already loaded `table`).
     """
     kind = config.agent.kind
     context = agents.AgentContext(
         train=tasks.train, heldout=tasks.heldout, pretrain=tasks.pretrain,
-        floors=reward_floors(config), key=key,
+        floors=reward_floors(config), key=key, mesh=mesh, batch_sizes=batch_sizes,
     )  # fmt: skip
     try:
         return agents.make(kind, config.agent[kind], context, **kwargs)

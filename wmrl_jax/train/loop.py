@@ -38,6 +38,7 @@ import numpy as np
 
 from wmrl_jax import agents
 from wmrl_jax.train import arms, builder, cost, distributed, stages
+from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.config import ConfigError, validate_config
@@ -98,6 +99,7 @@ class Trainer:
     ):
         validate_config(config)
         _single_host(config)
+        mesh_lib.check_mesh(config.mesh, jax.devices())  # a ConfigError before any work
         self.config, self.workdir = config, workdir
         self.arm = arms.get(config.arm)
         self.hooks = tuple(hooks)
@@ -107,9 +109,14 @@ class Trainer:
             self.console.note("tasks: the built-in suite (built once per version, a few minutes)")
         self.tasks = builder.load_tasks(config)
         self.key, model_key = jax.random.split(jax.random.key(config.seed))
+        self.mesh = step_lib.make_mesh_from_config(config.mesh)
+        batch_sizes = None
         if prebuilt is None:
             self.console.note(f"agent: {config.agent.kind} (with its warm start, if any)")
-        self.built = prebuilt or builder.build_agent(config, self.tasks, model_key)
+            batch_sizes = self._memory_plan(config)
+        self.built = prebuilt or builder.build_agent(
+            config, self.tasks, model_key, mesh=self.mesh, batch_sizes=batch_sizes
+        )
         self.agent = self.built.agent
         if outcomes is None:
             self.console.note(f"outcomes: executor {config.executor.kind}")
@@ -126,7 +133,6 @@ class Trainer:
         self.invalid_reward = builder.reward_floors(config).invalid  # rows with no program
         self.cost_model = cost.from_config(config)
         self.optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
-        self.mesh = step_lib.make_mesh_from_config(config.mesh)
         self.train_step = step_lib.make_train_step(
             self.built.graphdef, self.optimizer, config.train, self.mesh
         )
@@ -151,6 +157,15 @@ class Trainer:
         )
         self._correct = jax.jit(self.correction.update)
         self._debias = jax.jit(self.correction.debias)
+
+    def _memory_plan(self, config) -> dict[str, int] | None:
+        """Generation batch sizes from the memory plan (LLM agents); problems as notes."""
+        if not agents.capabilities(config.agent.kind).memory_plan:
+            return None
+        plan = mesh_lib.plan_run(config, devices=list(self.mesh.devices.flat), unsharded_load=False)
+        for problem in plan.problems:
+            self.console.note(f"memory plan: {problem}")
+        return plan.batch_sizes()
 
     def _init_state(self, params):
         # A copy: the state is donated to the train step, the run's key is not.

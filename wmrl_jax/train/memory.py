@@ -93,7 +93,8 @@ class Workload:
         frozen_wm: a frozen world-model copy (`agent.wm_params` = "initial").
         remat: per-layer rematerialisation in the train step.
         unsharded_load: the agent loads its params onto the first device before
-            they are sharded, and that copy stays alive (today's `make_agent`).
+            they are sharded, and that copy stays alive (`make_agent` before it
+            loaded onto the mesh).
     """
 
     param_dtype: str
@@ -110,7 +111,7 @@ class Workload:
     reference: bool = False
     frozen_wm: bool = False
     remat: bool = False
-    unsharded_load: bool = True
+    unsharded_load: bool = False
 
     @property
     def wm_prompt(self) -> int:
