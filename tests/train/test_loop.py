@@ -70,8 +70,8 @@ def test_every_arm_runs_and_logs(tmp_path, arm):
     # anchors_only samples, executes and trains on its anchor group alone.
     sampled = 2 * g if arm == "anchors_only" else 2 * tasks * g
     assert ledger["samples"] == sampled and ledger["wm_rows"] == (sampled if with_wm else 0)
-    # Policy rows, plus the world model's auxiliary rows (one per executed sample).
-    assert ledger["train_rows"] == sampled + expected
+    # Policy rows, plus the world model's auxiliary rows (one per executed sample), per epoch.
+    assert ledger["train_rows"] == (sampled + expected) * config.train.num_epochs
     assert last["reward/masked_rows"] == 0
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # Step 0 (the evaluation before training), 1 and 2.
