@@ -106,3 +106,10 @@ def test_timer_records_on_exception():
         with timer:
             raise RuntimeError("boom")
     assert timer.seconds == 3.0
+
+
+def test_device_seconds_are_the_busy_wall_seconds_times_the_chips():
+    step = Ledger(gen_seconds=2.0, wm_seconds=1.0, train_seconds=0.5, exec_seconds=9.0)
+    assert step.with_device_seconds(8).accelerator_seconds == 28.0  # execution excluded
+    assert step.with_device_seconds(0).accelerator_seconds == 0.0  # a CPU host
+    assert step.with_device_seconds(8).compute_seconds == step.compute_seconds

@@ -73,6 +73,7 @@ def test_every_arm_runs_and_logs(tmp_path, arm):
     # Policy rows, plus the world model's auxiliary rows (one per executed sample), per epoch.
     assert ledger["train_rows"] == (sampled + expected) * config.train.num_epochs
     assert last["reward/masked_rows"] == 0
+    assert ledger["accelerator_seconds"] == 0.0  # a CPU host: no device-seconds charged
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3  # Step 0 (the evaluation before training), 1 and 2.
 

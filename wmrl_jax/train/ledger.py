@@ -90,6 +90,13 @@ class Ledger(NamedTuple):
         """Headline compute: generation + world-model + execution seconds."""
         return float(self.gen_seconds) + float(self.wm_seconds) + float(self.exec_seconds)
 
+    def with_device_seconds(self, devices: int) -> "Ledger":
+        """This step's ledger with `accelerator_seconds` set to the wall seconds of
+        generation, the world model and the train step times `devices` (the
+        accelerators they ran on; 0 on a CPU host, where nothing is charged)."""
+        busy = float(self.gen_seconds) + float(self.wm_seconds) + float(self.train_seconds)
+        return self._replace(accelerator_seconds=busy * devices)
+
     @property
     def tokens(self) -> float:
         """Generation plus world-model tokens."""

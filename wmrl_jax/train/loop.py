@@ -110,6 +110,8 @@ class Trainer:
         self.tasks = builder.load_tasks(config)
         self.key, model_key = jax.random.split(jax.random.key(config.seed))
         self.mesh = step_lib.make_mesh_from_config(config.mesh)
+        # Device-seconds are charged on accelerators only: wall seconds x the mesh's chips.
+        self.accelerators = 0 if jax.default_backend() == "cpu" else int(self.mesh.devices.size)
         batch_sizes = None
         if prebuilt is None:
             self.console.note(f"agent: {config.agent.kind} (with its warm start, if any)")
@@ -273,7 +275,7 @@ class Trainer:
         self._collect(record, pending, timing)
         self._correct_rewards(record)
         metrics = self._update(record, k_train, timing)
-        record.ledger = timing.ledger()
+        record.ledger = timing.ledger().with_device_seconds(self.accelerators)
         self.ledger = self.ledger.add(record.ledger)
         metrics.update(stages.step_metrics(record, self.arm))
         metrics.update({f"ledger/{k}": float(v) for k, v in self.ledger.to_dict().items()})
