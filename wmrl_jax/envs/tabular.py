@@ -163,7 +163,11 @@ class RecipeTable:
     def row(self, task_id: str) -> int:
         """The row of `task_id`; TableError naming the task when absent."""
         if task_id not in self.task_ids:
-            raise TableError(f"task {task_id!r} is not in the recipe table {self.task_ids}")
+            raise TableError(
+                f"task {task_id!r} is not in the recipe table ({len(self.task_ids)} tasks: "
+                f"{', '.join(self.task_ids)}); add the suite's missing tasks with "
+                "`python -m wmrl_jax.envs.tabular build --suite DIR --out TABLE --update`"
+            )
         return self.task_ids.index(task_id)
 
     def status_names(self, task_id: str, replicate: int = 0) -> list[str]:
