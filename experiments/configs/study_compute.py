@@ -51,6 +51,7 @@ def get_config(arg: str | None = None):
 
     config.study = ml_collections.ConfigDict()
     config.study.num_seeds = 5
+    config.study.workers = 2  # Seeds run in parallel processes (one per core here).
     config.study.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory")
     config.study.rho_sweep = ()
     config.study.warm_sweep = ()  # Warm-start steps: the WM's quality.

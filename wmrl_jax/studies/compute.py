@@ -21,6 +21,7 @@ Measures (see `analyse`):
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from collections.abc import Iterable
@@ -57,36 +58,65 @@ def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
-    """Runs every (seed, run) pair; returns `{label: [summary per seed]}`."""
-    tasks = builder.load_tasks(config)
-    table = builder.load_table(config)
-    runs = study_runs(config)
-    results: dict[str, list[dict]] = {label: [] for label, _ in runs}
-    for seed in range(config.study.num_seeds):
-        built: dict[int, object] = {}
-        for label, overrides in runs:
-            run_config = override(config, seed=config.seed + seed, **overrides)
-            warm = run_config.agent.recipe.warm_start.steps
-            if warm not in built:  # One warm start per (seed, length), shared by the arms.
-                key = jax.random.split(jax.random.key(run_config.seed))[1]
-                built[warm] = builder.build_agent(run_config, tasks, key, table=table)
-            outcomes, _ = builder.make_outcomes(run_config, table=table)
-            b = built[warm]
-            start = time.perf_counter()
-            summary = loop.train_and_evaluate(
-                run_config,
-                os.path.join(workdir, "runs", f"{label}_seed{seed}"),
-                outcomes=outcomes,
-                prebuilt=b._replace(params=jax.tree.map(lambda x: x.copy(), b.params)),
-                hooks=[replay_oracle(outcomes)],
-            )
-            results[label].append(summary)
+    """Runs every (seed, run) pair; returns `{label: [summary per seed]}`.
+
+    Seeds run in `config.study.workers` spawned processes (each runs one seed's
+    runs in order); 1 runs them in this process. Each process loads the tasks
+    and the table itself, so results do not depend on the number of workers
+    beyond the measured generation and WM seconds.
+    """
+    labels = [label for label, _ in study_runs(config)]
+    seeds = range(config.study.num_seeds)
+    jobs = [(config.to_dict(), workdir, seed) for seed in seeds]
+    by_seed: dict[int, dict] = {}
+
+    def collect(item):
+        seed, summaries = item
+        by_seed[seed] = summaries
+        for label, (summary, wall) in summaries.items():
             log(
                 f"seed {seed} {label:>22}: held-out {summary['heldout_before']:.3f} -> "
                 f"{summary['heldout_after']:.3f}, compute {summary['compute_seconds']:.0f} s, "
-                f"{time.perf_counter() - start:.1f} s wall"
+                f"{len(summary['steps'])} updates, {wall:.1f} s wall"
             )
-    return results
+
+    if config.study.workers <= 1 or len(jobs) == 1:
+        for job in jobs:
+            collect(_run_seed(job))
+    else:
+        # Spawned, not forked: JAX does not survive a fork of a process using it.
+        with multiprocessing.get_context("spawn").Pool(config.study.workers) as pool:
+            for item in pool.imap_unordered(_run_seed, jobs):
+                collect(item)
+    return {label: [by_seed[s][label][0] for s in seeds] for label in labels}
+
+
+def _run_seed(job: tuple[dict, str, int]) -> tuple[int, dict[str, tuple[dict, float]]]:
+    """Every run of one seed: `(seed, {label: (summary, wall seconds)})`."""
+    config_dict, workdir, seed = job
+    config = ml_collections.ConfigDict(config_dict)
+    tasks = builder.load_tasks(config)
+    table = builder.load_table(config)
+    built: dict[int, object] = {}
+    out = {}
+    for label, overrides in study_runs(config):
+        run_config = override(config, seed=config.seed + seed, **overrides)
+        warm = run_config.agent.recipe.warm_start.steps
+        if warm not in built:  # One warm start per (seed, length), shared by the arms.
+            key = jax.random.split(jax.random.key(run_config.seed))[1]
+            built[warm] = builder.build_agent(run_config, tasks, key, table=table)
+        outcomes, _ = builder.make_outcomes(run_config, table=table)
+        b = built[warm]
+        start = time.perf_counter()
+        summary = loop.train_and_evaluate(
+            run_config,
+            os.path.join(workdir, "runs", f"{label}_seed{seed}"),
+            outcomes=outcomes,
+            prebuilt=b._replace(params=jax.tree.map(lambda x: x.copy(), b.params)),
+            hooks=[replay_oracle(outcomes)],
+        )
+        out[label] = (summary, time.perf_counter() - start)
+    return seed, out
 
 
 def _padded(rows: list[list[float]]) -> np.ndarray:
