@@ -4,7 +4,7 @@ r"""Reproduces the headline: real-execution compute to reach the same agent, WMR
         --workdir=outputs/study_compute --readme=README.md
 
 Writes ``results.json`` (the config and every number), ``table.md``,
-``sweeps.md``, ``study_compute.png`` into ``--workdir`` and, with
+``study_compute.png`` into ``--workdir`` and, with
 ``--readme``, replaces the README's study section (between its
 ``<!-- study:begin -->`` / ``<!-- study:end -->`` markers) with the new table
 and plot, so the README never carries hand-typed numbers.
