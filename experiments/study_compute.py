@@ -78,6 +78,16 @@ def analyses(results: dict, config) -> dict:
     return out
 
 
+def _compare(a: dict, b: dict, few: bool) -> tuple[float, float, str]:
+    """Final held-out difference a − b, its standard error, and where a ends relative to b
+    in words ("level with": within two standard errors)."""
+    diff = a["heldout_final"] - b["heldout_final"]
+    se = math.hypot(a["heldout_final_se"], b["heldout_final_se"])
+    if few:
+        return diff, se, "(one seed) beside"
+    return diff, se, "level with" if abs(diff) <= 2 * se else ("above" if diff > 0 else "below")
+
+
 def headline(analysis: dict) -> str:
     """The README's headline: two questions answered in words, from the analysis alone."""
     real, wmrl = analysis["real"], analysis["wmrl"]
@@ -117,10 +127,7 @@ def headline(analysis: dict) -> str:
             "of `wmrl` (median [min, max] over the seeds where both get there)."
         )
     if control is not None:
-        diff = wmrl["heldout_final"] - control["heldout_final"]
-        se = math.hypot(wmrl["heldout_final_se"], control["heldout_final_se"])
-        side = "level with" if abs(diff) <= 2 * se else ("above" if diff > 0 else "below")
-        side = "(one seed) beside" if few else side
+        diff, se, side = _compare(wmrl, control, few)
         lines.append(
             f"**Does it beat `anchors_only`?** At the same compute `wmrl` ends {side} "
             f"`anchors_only` on the held-out tasks ({wmrl['heldout_final']:.3f} vs "
@@ -145,10 +152,7 @@ def headline(analysis: dict) -> str:
         )
     memory = analysis.get("wmrl_memory")
     if memory is not None:
-        diff = memory["heldout_final"] - wmrl["heldout_final"]
-        se = math.hypot(memory["heldout_final_se"], wmrl["heldout_final_se"])
-        side = "level with" if abs(diff) <= 2 * se else ("above" if diff > 0 else "below")
-        side = "(one seed) beside" if few else side
+        diff, se, side = _compare(memory, wmrl, few)
         lines.append(
             f"Anchor memory (`wmrl_memory`) ends {side} `wmrl` ({memory['heldout_final']:.3f} "
             f"vs {wmrl['heldout_final']:.3f}, {diff:+.3f} ± {se:.3f}); `real` needs "
