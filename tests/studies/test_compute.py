@@ -86,7 +86,7 @@ def test_matched_cell_marks_lower_bounds():
     assert report.matched_cell(a["worse"]) == "—"
     table = report.format_study_table(a)
     assert table.count("\n") == 1 + len(a)
-    assert all(line.count("|") == 13 for line in table.splitlines())
+    assert all(line.count("|") == 12 for line in table.splitlines())
 
 
 def test_ratio_against_the_control_arm():

@@ -121,8 +121,9 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
     head = (
         "| run | updates | executions (cached) | compute s | held-out, start → final ± s.e. "
         "| compute to real's final held-out level: real / run (seeds) | anchors_only / run "
+        "| real's compute for the run's final held-out level / run's "
         "| train-task true reward, start → final | WM rank corr. (out of sample) "
-        "| anchor error variance: real / WM / fed |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| anchor error variance: real / WM / fed |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = []
     for label in labels or list(analysis):
@@ -137,6 +138,7 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
             f"| {r['heldout_before']:.3f} → {r['heldout_final']:.3f} ± {r['heldout_final_se']:.3f} "
             f"| {ratio_cell(r, 'ratio') if target else '—'} "
             f"| {ratio_cell(r, 'ratio_vs_control') if target else '—'} "
+            f"| {matched_cell(r)} "
             f"| {r['train_reward_start']:.3f} → {r['train_reward_final']:.3f} "
             f"| {fmt_number(r.get('wm_rank_corr'), '.2f')} | {errors} |"
         )
