@@ -32,14 +32,14 @@ def get_config(arg: str | None = None):
     # Equal compute: what `real` spends in its first 15-25 updates (80 executions of ~1.6 s,
     # interpreter start-up included, fewer as the cache answers repeats); by then it has
     # moved the held-out level by ~0.1 (pilot, 2 seeds). The arms executing a tenth of
-    # the groups spend it in ~500 updates.
+    # the groups spend it in 500-800 updates (anchor memory executes least).
     config.budget.compute_seconds = 2000.0
     config.budget.eval_points = 10
-    config.num_steps = 600  # A cap, for the arms that spend (almost) nothing: wm_naive.
+    config.num_steps = 800  # A cap, for the arms that spend (almost) nothing: wm_naive.
     # A learning rate that does not depend on the run's length: constant after warm-up.
-    config.optimizer.total_steps = 600
+    config.optimizer.total_steps = 800
     config.optimizer.end_lr_ratio = 1.0
-    config.checkpoint.every = 600
+    config.checkpoint.every = 800
     config.checkpoint.export_hf = False
     config.checkpoint.keep = 1
     # The modelled ledger the study reports beside the measured one: each sample as an
