@@ -321,9 +321,7 @@ def analyse(
             "exec_seconds_to_target": _reach(cv["exec_seconds"], sm[label], targets).tolist(),
             "heldout_target_above_start": above_start,
         }
-        row.update(_ratio_row("ratio_vs_baseline", _ratio(reach[baseline], reach[label])))
-        row.update({k.replace("_vs_baseline", ""): v for k, v in row.items()
-                    if k.startswith("ratio_vs_baseline_")})  # fmt: skip
+        row.update(_ratio_row("ratio", _ratio(reach[baseline], reach[label])))
         if control in reach:
             row.update(_ratio_row("ratio_vs_control", _ratio(reach[control], reach[label])))
             row["control_reached"] = int(np.sum(np.isfinite(reach[control])))
