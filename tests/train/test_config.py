@@ -97,6 +97,8 @@ def test_cost_model_charges_rows_at_llm_lengths():
     assert from_config(on).lengths == lengths
     with pytest.raises(ConfigError, match="token lengths"):
         validate_config(override(on, **{"cost_model.wm_tokens": 0.0}))
+    with pytest.raises(ConfigError, match="token lengths"):  # not silently ignored
+        validate_config(override(on, **{"cost_model.sample_tokens": 0.0}))
 
 
 @pytest.mark.parametrize(

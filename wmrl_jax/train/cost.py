@@ -101,7 +101,6 @@ def from_config(config: ml_collections.ConfigDict) -> CostModel | None:
             f"config.cost_model.accelerator must be one of {tuple(ACCELERATORS)}, "
             f"got {c.accelerator!r}"
         )
-    lengths = None
-    if c.sample_tokens:
-        lengths = TokenLengths(float(c.sample_tokens), float(c.wm_tokens), float(c.train_tokens))
+    given = (float(c.sample_tokens), float(c.wm_tokens), float(c.train_tokens))
+    lengths = TokenLengths(*given) if any(given) else None  # Some but not all: an error.
     return CostModel(float(c.params), ACCELERATORS[c.accelerator], float(c.mfu), lengths)
