@@ -118,3 +118,24 @@ def test_bad_arguments():
         models.sample(model, ids[0], mask[0], key, **kw)
     with pytest.raises(ValueError, match="max_new_tokens"):
         models.sample(model, ids, mask, key, max_new_tokens=0)
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, "qwen3_5_vl_tied"])
+def test_one_prefill_per_prompt_gives_the_repeated_prompts_samples(fixture):
+    """num_samples=K: the samples of each prompt repeated K times, from one prefill each."""
+    ids, mask = _prompts()
+    model, k = load(fixture), 3
+    kw = dict(max_new_tokens=4, temperature=1.2, eos_ids=())
+    shared = models.sample(model, ids, mask, jax.random.key(4), num_samples=k, **kw)
+    repeated = models.sample(
+        model, np.repeat(ids, k, axis=0), np.repeat(mask, k, axis=0), jax.random.key(4), **kw
+    )
+    assert shared.tokens.shape == (ids.shape[0] * k, 4)
+    np.testing.assert_array_equal(np.asarray(shared.tokens), np.asarray(repeated.tokens))
+    # Batches of other sizes round the float32 delta rule differently (as in test_qwen3_5).
+    np.testing.assert_allclose(
+        np.asarray(shared.logprobs), np.asarray(repeated.logprobs), atol=1e-4, rtol=0
+    )
+    assert len({tuple(r) for r in np.asarray(shared.tokens)[:k]}) > 1  # K distinct samples
+    with pytest.raises(ValueError, match="num_samples"):
+        models.sample(model, ids, mask, jax.random.key(4), num_samples=0, **kw)

@@ -18,7 +18,8 @@ from wmrl_jax.models.api import (
     render_chat,
 )
 from wmrl_jax.models.config import SUPPORTED_MODEL_TYPES, Qwen3Config, config_from_dict
-from wmrl_jax.models.qwen3 import Qwen3, apply, token_logprobs
+from wmrl_jax.models.lm_head import blocked_token_logprobs
+from wmrl_jax.models.qwen3 import Qwen3, apply, apply_features, token_logprobs
 from wmrl_jax.models.qwen3_5 import Qwen3_5
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config, qwen3_5_text_config_dict
 from wmrl_jax.models.sampler import SampleOutput, sample
@@ -33,6 +34,8 @@ __all__ = [
     "Qwen3_5Config",
     "SampleOutput",
     "apply",
+    "apply_features",
+    "blocked_token_logprobs",
     "config_from_dict",
     "from_params",
     "from_pretrained",

@@ -13,12 +13,14 @@ params pytree as its argument:
     logits, _ = apply(graphdef, params, input_ids, attention_mask=mask)
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wmrl_jax.models.attention import QUERY_BLOCK, attend
 from wmrl_jax.models.config import Qwen3Config, rope_frequencies
 
 
@@ -115,7 +117,7 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, dtype=dtype)
         self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, dtype=dtype)
 
-    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
+    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None, *, query_block=QUERY_BLOCK):
         """Attends from T query tokens to S key slots.
 
         Args:
@@ -125,6 +127,7 @@ class Attention(nnx.Module):
             kv: optional cached (k, v), each [B, K, S, D]; the new keys are written
                 at slots [cache_index, cache_index + T).
             cache_index: int scalar, first slot to write.
+            query_block: queries per block of `attention.attend` (memory only).
 
         Returns:
             (output [B, T, hidden], (k, v) of shape [B, K, S, D], S = T without a cache).
@@ -135,43 +138,8 @@ class Attention(nnx.Module):
         k = self.k_norm(self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim))
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)
         q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
-        out, kv = attend(q, k, v, mask, kv, cache_index)
+        out, kv = attend(q, k, v, mask, kv, cache_index, query_block=query_block)
         return self.o_proj(out), kv
-
-
-def attend(q, k, v, mask, kv=None, cache_index=None):
-    """Grouped-query softmax attention, optionally through a fixed-size cache.
-
-    Args:
-        q: queries of shape [B, T, H, D] (after norm and rotary embedding).
-        k, v: new keys and values of shape [B, T, K, D]; H is a multiple of K.
-        mask: bool of shape [B, T, S]; True where a query may attend a slot.
-        kv: optional cached (k, v), each [B, K, S, D]; the new keys are written
-            at slots [cache_index, cache_index + T).
-        cache_index: int scalar, first slot to write.
-
-    Returns:
-        (output [B, T, H * D], (k, v) of shape [B, K, S, D], S = T without a cache).
-    """
-    b, t, h, d = q.shape
-    groups = h // k.shape[2]
-    # Heads before positions ([B, K, S, D]): attention is then a batched matmul
-    # over (B, K) with no transpose of the cache, 4-5x faster when decoding.
-    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    if kv is not None:
-        start = (0, 0, cache_index, 0)
-        k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-        v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
-    q = q.reshape(b, t, k.shape[1], groups, d)
-    q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-    # Scores in the params dtype, softmax in float32, as the reference does.
-    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k) * jnp.asarray(d**-0.5, q.dtype)
-    scores = scores.astype(jnp.float32)
-    # finfo.min, not -inf: fully masked rows (left padding) stay finite.
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", probs, v).reshape(b, t, -1)
-    return out, (k, v)
 
 
 class MLP(nnx.Module):
@@ -197,8 +165,9 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.mlp = MLP(config, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None):
-        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, cache_index)
+    def __call__(self, x, cos, sin, mask, kv=None, cache_index=None, *, query_block=QUERY_BLOCK):
+        h = self.input_layernorm(x)
+        attn, kv = self.self_attn(h, cos, sin, mask, kv, cache_index, query_block=query_block)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -227,11 +196,27 @@ class Qwen3(nnx.Module):
             else nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         )
 
+    def head_weight(self) -> jax.Array:
+        """The LM head as a matrix [hidden, V] (the embedding, transposed, when tied)."""
+        return self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]
+
     def init_cache(self, batch: int, slots: int, dtype) -> KVCache:
         """An all-zero decode cache of `slots` positions for `batch` rows."""
         return init_cache(self.config, batch, slots, dtype)
 
-    def __call__(self, input_ids, positions, mask, cache=None, cache_index=None, last_only=False):
+    def __call__(
+        self,
+        input_ids,
+        positions,
+        mask,
+        cache=None,
+        cache_index=None,
+        last_only=False,
+        *,
+        remat: bool = False,
+        query_block: int = QUERY_BLOCK,
+        features_only: bool = False,
+    ):
         """Float32 logits for `input_ids`.
 
         Args:
@@ -243,26 +228,55 @@ class Qwen3(nnx.Module):
             cache_index: int scalar, the cache slot of `input_ids[:, 0]`.
             last_only: compute logits for the last position only (T' = 1), as a
                 sampler's prefill needs; saves the LM head on the prompt.
+            remat: rematerialise each layer in the backward pass (`layer_call`).
+            query_block: queries per attention block (`attention.attend`).
+            features_only: return the LM head's input (after the final norm),
+                of shape [B, T', hidden] in the params dtype, instead of logits.
 
         Returns:
             (logits float32 of shape [B, T', V], the updated cache or None).
         """
-        embed = self.embed_tokens[...]
-        x = jnp.take(embed, input_ids, axis=0)
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0)
         cos, sin = rope_cos_sin(self.config, positions, x.dtype)
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, (k, v) = layer(x, cos, sin, mask, kv, cache_index)
+            call = layer_call(layer, remat=remat, query_block=query_block)
+            x, (k, v) = call(x, cos, sin, mask, kv, cache_index)
             ks.append(k)
             vs.append(v)
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
-        head = embed.T if self.lm_head is None else self.lm_head[...]
-        logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
         new_cache = None if cache is None else KVCache(tuple(ks), tuple(vs))
+        if features_only:  # the LM head's input, for a caller that applies it in blocks
+            return x, new_cache
+        logits = jnp.dot(x, self.head_weight(), preferred_element_type=jnp.float32)
         return logits, new_cache
+
+
+# Per-layer remat keeps nothing but each layer's inputs: the backward pass reruns one
+# layer's forward at a time (about a third more compute for the smallest footprint).
+REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
+
+
+def layer_call(layer: nnx.Module, *, remat: bool, query_block: int):
+    """`layer`'s forward as a function of its positional arguments.
+
+    With `remat`, the function is `jax.checkpoint`ed over the layer's params and
+    inputs under `REMAT_POLICY`: a training pass keeps only the layer's inputs
+    for the backward pass, which recomputes the layer's activations when it
+    reaches it. Values and gradients are those of the plain call.
+    """
+    if not remat:
+        return functools.partial(layer, query_block=query_block)
+    graphdef, state = nnx.split(layer)
+
+    def call(state, *args):
+        return nnx.merge(graphdef, state)(*args, query_block=query_block)
+
+    checkpointed = jax.checkpoint(call, policy=REMAT_POLICY)
+    return functools.partial(checkpointed, state)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -277,7 +291,29 @@ def causal_mask(attention_mask: jax.Array) -> jax.Array:
     return causal[None] & attention_mask.astype(bool)[:, None, :]
 
 
-def apply(graphdef, params, input_ids, attention_mask=None, positions=None):
+def _inputs(input_ids, attention_mask, positions):
+    """Checked ids, the [B, T, T] causal + padding mask and per-row positions."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must have shape [B, T], got {input_ids.shape}")
+    if attention_mask is None:
+        attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {attention_mask.shape} != input_ids {input_ids.shape}")
+    if positions is None:
+        positions = positions_from_mask(attention_mask)
+    return causal_mask(attention_mask), positions
+
+
+def apply(
+    graphdef,
+    params,
+    input_ids,
+    attention_mask=None,
+    positions=None,
+    *,
+    remat: bool = False,
+    query_block: int = QUERY_BLOCK,
+):
     """Pure forward pass of a split model: float32 logits [B, T, V].
 
     Args:
@@ -288,21 +324,43 @@ def apply(graphdef, params, input_ids, attention_mask=None, positions=None):
             (left) padding. Defaults to all ones.
         positions: optional int of shape [B, T]; defaults to
             `positions_from_mask(attention_mask)`.
+        remat: per-layer rematerialisation (a training pass's memory, not its values).
+        query_block: queries per attention block (memory, not values).
 
     Returns:
         Logits, float32 of shape [B, T, V].
     """
-    if input_ids.ndim != 2:
-        raise ValueError(f"input_ids must have shape [B, T], got {input_ids.shape}")
-    if attention_mask is None:
-        attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask {attention_mask.shape} != input_ids {input_ids.shape}")
-    if positions is None:
-        positions = positions_from_mask(attention_mask)
+    mask, positions = _inputs(input_ids, attention_mask, positions)
     model = nnx.merge(graphdef, params)
-    logits, _ = model(input_ids, positions, causal_mask(attention_mask))
+    logits, _ = model(input_ids, positions, mask, remat=remat, query_block=query_block)
     return logits
+
+
+def apply_features(
+    graphdef,
+    params,
+    input_ids,
+    attention_mask=None,
+    positions=None,
+    *,
+    remat: bool = False,
+    query_block: int = QUERY_BLOCK,
+):
+    """`apply` up to the LM head: its input and its weight, for a blocked head.
+
+    Args:
+        As `apply`.
+
+    Returns:
+        (features of shape [B, T, hidden] in the params dtype, the head [hidden, V]);
+        `features @ head` in float32 is `apply`'s logits.
+    """
+    mask, positions = _inputs(input_ids, attention_mask, positions)
+    model = nnx.merge(graphdef, params)
+    features, _ = model(
+        input_ids, positions, mask, remat=remat, query_block=query_block, features_only=True
+    )
+    return features, model.head_weight()
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wmrl_jax.models.attention import QUERY_BLOCK, attend
 from wmrl_jax.models.gated_delta import (
     gated_delta_chunked,
     gated_delta_step,
     l2_normalize,
 )
-from wmrl_jax.models.qwen3 import MLP, Linear, attend, rope_cos_sin, rotate_half
+from wmrl_jax.models.qwen3 import MLP, Linear, layer_call, rope_cos_sin, rotate_half
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 
 CHUNK_SIZE = 64
@@ -191,7 +192,17 @@ class GatedAttention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, dtype=dtype)
         self.k_norm = RMSNorm(c.head_dim, eps=c.rms_norm_eps, dtype=dtype)
 
-    def __call__(self, x, cos, sin, mask, cache: AttentionCache | None = None, cache_index=None):
+    def __call__(
+        self,
+        x,
+        cos,
+        sin,
+        mask,
+        cache: AttentionCache | None = None,
+        cache_index=None,
+        *,
+        query_block=QUERY_BLOCK,
+    ):
         """As `qwen3.Attention`, with cos/sin of shape [B, T, 1, rotary_dim]."""
         c = self.config
         b, t, _ = x.shape
@@ -204,7 +215,7 @@ class GatedAttention(nnx.Module):
         r = c.rotary_dim
         q = jnp.concatenate([rotate_half(q[..., :r], cos, sin), q[..., r:]], axis=-1)
         k = jnp.concatenate([rotate_half(k[..., :r], cos, sin), k[..., r:]], axis=-1)
-        out, (k, v) = attend(q, k, v, mask, cache, cache_index)
+        out, (k, v) = attend(q, k, v, mask, cache, cache_index, query_block=query_block)
         return self.o_proj(out * jax.nn.sigmoid(gate)), AttentionCache(k, v)
 
 
@@ -222,12 +233,25 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps, dtype=dtype)
         self.mlp = MLP(config, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, token_mask, cache=None, cache_index=None):
+    def __call__(
+        self,
+        x,
+        cos,
+        sin,
+        mask,
+        token_mask,
+        cache=None,
+        cache_index=None,
+        *,
+        query_block=QUERY_BLOCK,
+    ):
         h = self.input_layernorm(x)
         if self.layer_type == "linear_attention":
             h, cache = self.linear_attn(h, token_mask, cache)
         else:
-            h, cache = self.self_attn(h, cos, sin, mask, cache, cache_index)
+            h, cache = self.self_attn(
+                h, cos, sin, mask, cache, cache_index, query_block=query_block
+            )
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
 
@@ -264,29 +288,47 @@ class Qwen3_5(nnx.Module):
             else nnx.Param(init(rngs.params(), (config.hidden_size, config.vocab_size), dtype))
         )
 
+    def head_weight(self) -> jax.Array:
+        """The LM head as a matrix [hidden, V] (the embedding, transposed, when tied)."""
+        return self.embed_tokens[...].T if self.lm_head is None else self.lm_head[...]
+
     def init_cache(self, batch: int, slots: int, dtype) -> HybridCache:
         """An all-zero decode cache of `slots` attention positions for `batch` rows."""
         return init_cache(self.config, batch, slots, dtype)
 
-    def __call__(self, input_ids, positions, mask, cache=None, cache_index=None, last_only=False):
+    def __call__(
+        self,
+        input_ids,
+        positions,
+        mask,
+        cache=None,
+        cache_index=None,
+        last_only=False,
+        *,
+        remat: bool = False,
+        query_block: int = QUERY_BLOCK,
+        features_only: bool = False,
+    ):
         """Float32 logits for `input_ids` (arguments and returns as `qwen3.Qwen3.__call__`).
 
         With a `HybridCache`, the tokens continue the sequence the cache holds:
         attention layers write their slots from `cache_index`, GDN layers carry
         their conv window and state forward.
         """
-        embed = self.embed_tokens[...]
-        x = jnp.take(embed, input_ids, axis=0)
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0)
         cos, sin = rope_cos_sin(self.config, positions, x.dtype, self.config.rotary_dim)
         token_mask = self_visible(mask, cache_index)
         caches = []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else cache.layers[i]
-            x, layer_cache = layer(x, cos, sin, mask, token_mask, layer_cache, cache_index)
+            call = layer_call(layer, remat=remat, query_block=query_block)
+            x, layer_cache = call(x, cos, sin, mask, token_mask, layer_cache, cache_index)
             caches.append(layer_cache)
         if last_only:
             x = x[:, -1:]
         x = self.norm(x)
-        head = embed.T if self.lm_head is None else self.lm_head[...]
-        logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
-        return logits, None if cache is None else HybridCache(tuple(caches))
+        new_cache = None if cache is None else HybridCache(tuple(caches))
+        if features_only:  # the LM head's input, for a caller that applies it in blocks
+            return x, new_cache
+        logits = jnp.dot(x, self.head_weight(), preferred_element_type=jnp.float32)
+        return logits, new_cache

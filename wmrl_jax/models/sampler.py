@@ -10,6 +10,9 @@ The cache is whatever pytree the model's `init_cache` returns: a KV cache for
 the dense Qwen3, per-layer KV caches, conv windows and recurrent states for the
 hybrid Qwen3.5 (whose GDN layers carry their state forward token by token).
 
+With `num_samples=K` each prompt is prefilled once and its cache copied for K
+samples: a world model's K answers to one long prompt cost one prefill, not K.
+
 Returned log-probs are those of the *unmodified* policy (temperature 1, no top-k
 / top-p truncation), in float32 — the quantity an importance ratio needs — so they
 agree with a teacher-forced forward pass on the same tokens.
@@ -85,6 +88,7 @@ def filter_logits(logits: jax.Array, *, temperature: float, top_k: int, top_p: f
         "stop_ids",
         "pad_id",
         "mesh",
+        "num_samples",
     ),
 )
 def _sample(
@@ -102,20 +106,25 @@ def _sample(
     stop_ids,
     pad_id,
     mesh,
+    num_samples=1,
 ):
     model = nnx.merge(graphdef, params)
     b, p = prompt_ids.shape
     n = max_new_tokens
     slots = p + n
     dtype = model.embed_tokens[...].dtype
-    cache = model.init_cache(b, slots, dtype)
-    if mesh is not None:
-        cache = jax.tree_util.tree_map(
+
+    def place(cache):
+        if mesh is None:
+            return cache
+        return jax.tree_util.tree_map(
             lambda x: jax.lax.with_sharding_constraint(
                 x, NamedSharding(mesh, cache_spec(x.shape, mesh))
             ),
             cache,
         )
+
+    cache = place(model.init_cache(b, slots, dtype))
     prompt_mask = prompt_mask.astype(bool)
     slot = jnp.arange(slots)
     prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, n)))  # [B, S]
@@ -123,6 +132,12 @@ def _sample(
     positions = positions_from_mask(prompt_mask)
     logits, cache = model(prompt_ids, positions, mask, cache, 0, last_only=True)
     n_prompt = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
+    if num_samples > 1:  # one prefill per prompt; its cache copied for each sample
+        logits, prompt_slots, n_prompt = (
+            jnp.repeat(x, num_samples, axis=0) for x in (logits, prompt_slots, n_prompt)
+        )
+        cache = place(jax.tree_util.tree_map(lambda x: jnp.repeat(x, num_samples, 0), cache))
+        b = b * num_samples
     stops = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
 
     def cond(state):
@@ -178,6 +193,7 @@ def sample(
     stop_ids: Sequence[int] = (),
     pad_id: int = 0,
     mesh: Mesh | None = None,
+    num_samples: int = 1,
 ) -> SampleOutput:
     """Samples completions for a left-padded batch of prompts.
 
@@ -195,9 +211,14 @@ def sample(
         stop_ids: extra stop tokens.
         pad_id: token written after a row stopped.
         mesh: optional mesh; every cache array is sharded with `cache_spec`.
+        num_samples: K completions per prompt from ONE prefill of it: the prompt's
+            cache is copied K times after the prefill, so K samples cost one
+            prompt's prefill instead of K. Rows come out as `np.repeat(prompts, K)`
+            would order them (row i K + j: sample j of prompt i), with the same
+            samples as those repeated prompts under the same key.
 
     Returns:
-        A `SampleOutput` with arrays of shape [B, N].
+        A `SampleOutput` with arrays of shape [B K, N].
 
     Example:
         >>> ids, mask = left_pad([[1, 2, 3], [4]], pad_id=0)
@@ -213,6 +234,8 @@ def sample(
         raise ValueError(f"temperature must be > 0 (or greedy=True), got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     eos = model.config.eos_token_id if eos_ids is None else tuple(eos_ids)
     stops = tuple(sorted({int(i) for i in (*eos, *stop_ids)}))
     return _sample(
@@ -229,4 +252,5 @@ def sample(
         stop_ids=stops,
         pad_id=int(pad_id),
         mesh=mesh,
+        num_samples=int(num_samples),
     )

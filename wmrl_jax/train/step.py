@@ -9,7 +9,10 @@ token mean, not a mean of micro-batch means). The importance ratio is taken
 against the sampling log-probs in the batch, so epoch 1 is on-policy
 (ratio 1) and later epochs are clipped off-policy updates. Reference log-probs
 (for the KL term) are computed once per call, before the epochs, and not at all
-when the KL weight is 0.
+when the KL weight is 0. With ``remat=True`` in the config every layer is
+rematerialised in the backward pass and the LM head runs in token blocks
+(`sequence_logprobs`): the same loss and gradients in a fraction of the memory,
+for about a third more compute.
 
 Batch (dict of arrays, B sequences of T tokens; other keys are ignored):
   tokens int32 [B, T]; attention_mask int32 [B, T] (1 = real token, left
@@ -40,7 +43,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from wmrl_jax.core import grpo
-from wmrl_jax.models import qwen3
+from wmrl_jax.models import lm_head, qwen3
 from wmrl_jax.models.sharding import BATCH
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train.state import (
@@ -95,7 +98,7 @@ _TOKEN_MEANS = ("pg_loss", "kl", "clip_frac", "ratio_mean", "adv_mean")
 
 
 def default_step_config() -> ml_collections.ConfigDict:
-    """The fields `make_train_step` reads (loss, micro-batches, epochs, dtype)."""
+    """The fields `make_train_step` reads (loss, micro-batches, epochs, dtype, remat)."""
     return ml_collections.ConfigDict(
         dict(
             loss=dict(
@@ -109,6 +112,7 @@ def default_step_config() -> ml_collections.ConfigDict:
             num_microbatches=1,
             num_epochs=1,
             compute_dtype="float32",
+            remat=False,
         )
     )
 
@@ -133,17 +137,26 @@ def check_step_config(config) -> None:
         value = config[name]
         if not isinstance(value, int) or value < 1:
             problems.append(f"{name} must be an int >= 1, got {value!r}")
+    if not isinstance(config.get("remat", False), bool):
+        problems.append(f"remat must be true or false, got {config.remat!r}")
     if config.get("compute_dtype") not in (None, *COMPUTE_DTYPES):
         problems.append(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)} or None")
     if problems:
         raise ValueError("bad train step config: " + "; ".join(problems) + ".")
 
 
-def sequence_logprobs(graphdef, params, tokens, attention_mask, *, compute_dtype=None):
+def sequence_logprobs(
+    graphdef, params, tokens, attention_mask, *, compute_dtype=None, remat: bool = False
+):
     """Per-token log-probs and entropies of a batch under ``params``, in float32.
 
     Position t holds ``log p(tokens[:, t] | tokens[:, :t])`` from the logits at
     t - 1; column 0 has no prediction and holds 0.
+
+    With ``remat`` the values and gradients are the same, at a fraction of the
+    memory: each layer is rematerialised in the backward pass
+    (`qwen3.layer_call`) and the LM head runs in token blocks
+    (`lm_head.blocked_token_logprobs`), so no [T, V] logits are ever whole.
 
     Args:
       graphdef: `nnx.GraphDef` of a Qwen3.
@@ -151,6 +164,7 @@ def sequence_logprobs(graphdef, params, tokens, attention_mask, *, compute_dtype
       tokens: int32 of shape [B, T].
       attention_mask: int32 of shape [B, T].
       compute_dtype: None (params dtype) or a jnp dtype.
+      remat: per-layer remat and a blocked LM head (memory, not values).
 
     Returns:
       ``(logp, entropy)``, each float32 of shape [B, T]; ``entropy`` is the
@@ -158,10 +172,14 @@ def sequence_logprobs(graphdef, params, tokens, attention_mask, *, compute_dtype
     """
     if compute_dtype is not None:
         params = jax.tree_util.tree_map(lambda p: p.astype(compute_dtype), params)
-    logits = qwen3.apply(graphdef, params, tokens, attention_mask)[:, :-1]
-    logp = qwen3.token_logprobs(logits, tokens[:, 1:])
-    log_probs = jax.nn.log_softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), axis=-1)
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    if remat:
+        features, head = qwen3.apply_features(graphdef, params, tokens, attention_mask, remat=True)
+        logp, entropy = lm_head.blocked_token_logprobs(features[:, :-1], head, tokens[:, 1:])
+    else:
+        logits = qwen3.apply(graphdef, params, tokens, attention_mask)[:, :-1]
+        logp = qwen3.token_logprobs(logits, tokens[:, 1:])
+        log_probs = jax.nn.log_softmax(jax.lax.stop_gradient(logits).astype(jnp.float32), -1)
+        entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
     pad = ((0, 0), (1, 0))
     return jnp.pad(logp, pad), jnp.pad(entropy, pad)
 
@@ -189,8 +207,9 @@ def _weights(valid, aggregation: str):
 def _micro_loss(params, mb, *, graphdef, config, dtype, total_weight, total_aux):
     """One micro-batch's share of the whole-batch loss, and its metrics."""
     c, aux_coef = config.loss, _aux_coef(config)
+    remat = bool(config.get("remat", False))
     logp, entropy = sequence_logprobs(
-        graphdef, params, mb["tokens"], mb["attention_mask"], compute_dtype=dtype
+        graphdef, params, mb["tokens"], mb["attention_mask"], compute_dtype=dtype, remat=remat
     )
     ok = _valid(mb["loss_mask"])
     loss, metrics = grpo.grpo_loss(
@@ -215,7 +234,7 @@ def _micro_loss(params, mb, *, graphdef, config, dtype, total_weight, total_aux)
     if aux_coef:  # Normalised by the whole batch's aux targets: an exact global mean.
         aux_logp, _ = sequence_logprobs(
             graphdef, params, mb["aux_tokens"], jnp.ones_like(mb["aux_tokens"]),
-            compute_dtype=dtype,
+            compute_dtype=dtype, remat=remat,
         )  # fmt: skip
         aux_nll = -jnp.sum(mb["aux_mask"] * aux_logp) / total_aux
         metrics["aux_nll"] = aux_nll
@@ -417,7 +436,12 @@ class TrainStep:
 
         def one(_, mb):
             logp, _ = sequence_logprobs(
-                self.graphdef, ref_params, mb["tokens"], mb["attention_mask"], compute_dtype=dtype
+                self.graphdef,
+                ref_params,
+                mb["tokens"],
+                mb["attention_mask"],
+                compute_dtype=dtype,
+                remat=bool(self.config.get("remat", False)),  # here: the blocked LM head
             )
             return None, jax.lax.stop_gradient(logp)
 
