@@ -11,7 +11,10 @@ from wmrl_jax.train import arms
 
 def test_table_rows():
     t = arms.ARMS
-    assert set(t) == {"real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory"}
+    assert set(t) == {
+        "real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory",
+        "wmrl_local", "wmrl_active", "wmrl_plus",
+    }  # fmt: skip
     assert (t["real"].executes, t["real"].world_model) == ("all", False)
     assert (t["anchors_only"].executes, t["anchors_only"].world_model) == ("anchors", False)
     assert (t["wm_naive"].executes, t["wm_naive"].use_real, t["wm_naive"].debias) == (
@@ -20,7 +23,16 @@ def test_table_rows():
     assert (t["wm_debias"].debias, t["wm_debias"].ivd) == (True, False)
     assert (t["wmrl"].debias, t["wmrl"].ivd, t["wmrl"].use_real) == (True, True, True)
     assert t["wmrl_memory"] == dataclasses.replace(t["wmrl"], name="wmrl_memory", memory=True)
-    assert not any(a.memory for name, a in t.items() if name != "wmrl_memory")
+    assert not any(a.memory for name, a in t.items() if name not in ("wmrl_memory", "wmrl_plus"))
+    assert t["wmrl_local"] == dataclasses.replace(t["wmrl"], name="wmrl_local", local=True)
+    assert t["wmrl_active"] == dataclasses.replace(
+        t["wmrl"], name="wmrl_active", anchor_policy="active"
+    )
+    assert t["wmrl_plus"] == dataclasses.replace(
+        t["wmrl"], name="wmrl_plus", memory=True, local=True, anchor_policy="active"
+    )
+    assert arms.anchor_policy(t["wmrl"], "uncertain") == "uncertain"
+    assert arms.anchor_policy(t["wmrl_active"], "uncertain") == "active"
     with pytest.raises(ValueError, match="memory"):
         arms.Arm("x", executes="anchors", world_model=False, memory=True)
 
@@ -38,16 +50,39 @@ def test_anchors_only_executes_exactly_the_groups_wmrl_anchors():
     key = jax.random.key(7)
     a = arms.choose_anchor_groups(arms.get("wmrl"), key, num_groups=20, fraction=0.2)
     b = arms.choose_anchor_groups(arms.get("anchors_only"), key, num_groups=20, fraction=0.2)
-    np.testing.assert_array_equal(a, b)
-    assert a.sum() == 4
+    np.testing.assert_array_equal(a.groups, b.groups)
+    assert a.groups.sum() == 4
+    np.testing.assert_array_equal(a.weights, a.groups.astype(np.float32))
 
 
 def test_uncertain_policy_takes_the_largest_variances_nan_first():
     var = np.array([0.1, np.nan, 0.5, 0.2])
-    mask = arms.choose_anchor_groups(
-        arms.get("wmrl"), None, num_groups=4, fraction=0.5, policy="uncertain", group_var=var
+    choice = arms.choose_anchor_groups(
+        arms.get("wmrl"), None, num_groups=4, fraction=0.5, policy="uncertain", group_score=var
     )
-    np.testing.assert_array_equal(mask, [False, True, True, False])
+    np.testing.assert_array_equal(choice.groups, [False, True, True, False])
+
+
+def test_active_policy_draws_by_score_rank_and_weights_by_inverse_probability():
+    score = np.array([0.3, -np.inf, 0.9, 0.1, 0.5])  # ranks 3, 1, 5, 2, 4
+    groups, weights = [], []
+    for key in jax.random.split(jax.random.key(0), 3000):
+        c = arms.choose_anchor_groups(
+            arms.get("wmrl"), key, num_groups=5, fraction=0.4, policy="active",
+            group_score=score, uniform_share=0.5,
+        )  # fmt: skip
+        groups.append(c.groups)
+        weights.append(c.weights)
+    groups, weights = np.array(groups), np.array(weights)
+    assert (groups.sum(1) == 2).all()  # exactly k = round(0.4 * 5) groups every draw
+    # π = k (0.5 rank/Σrank + 0.5/B), rank/Σrank = rank/15.
+    rank = np.array([3, 1, 5, 2, 4])
+    pi = 2 * (0.5 * rank / 15 + 0.5 / 5)
+    np.testing.assert_allclose(groups.mean(0), pi, atol=0.03)  # 3000 draws: s.e. <= 0.01
+    # Horvitz-Thompson: E[weight] = (k/B) on every group, whatever its π.
+    np.testing.assert_allclose(weights.mean(0), 2 / 5, atol=0.04)
+    drawn = weights[groups]
+    np.testing.assert_allclose(np.sort(np.unique(drawn.round(5))), np.sort((0.4 / pi).round(5)))
 
 
 def test_correction_switches_come_from_the_arm():

@@ -38,12 +38,15 @@ class Rollout(NamedTuple):
         `wmrl_jax.agents.programs.PROGRAM_CAUSES`; its program is then ""):
         such a row is an invalid outcome, never executed and charged nothing.
         Empty when every row holds a program (agents whose samples always do).
+      features: int categorical program features of shape [N, F] for the local
+        correction (`Capabilities.program_features` = F), or None (F = 0).
     """
 
     programs: list[str]
     batch: dict[str, np.ndarray]
     gen_tokens: int
     causes: tuple[str, ...] = ()
+    features: np.ndarray | None = None
 
 
 class WMOutput(NamedTuple):
@@ -154,8 +157,12 @@ class Capabilities:
       replayable: its programs can be answered by the recipe table (replay).
       memory_plan: it is an LLM whose generation batch sizes come from the
         trainer's memory plan (`train.memory`), passed as `AgentContext.batch_sizes`.
+      program_features: F, the categorical features per program its rollouts
+        carry (`Rollout.features`) for the local correction; 0: none (programs
+        are then "near" when they solve the same task).
     """
 
     aux_loss: bool
     replayable: bool
     memory_plan: bool = False
+    program_features: int = 0

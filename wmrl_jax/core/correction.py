@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from wmrl_jax.core import fusion, isotonic
+from wmrl_jax.core import local as local_lib
 
 _WM_VAR_MODES = ("global", "per_sample")
 
@@ -72,6 +73,8 @@ class CorrectionState(NamedTuple):
       real: anchor buffer of real rewards, of shape [C].
       weight: anchor weights, of shape [C] (decayed with age when decay < 1).
       valid: bool, of shape [C]: which buffer slots hold an anchor.
+      task: int32 task ids of the anchors, of shape [C] (local correction).
+      feat: int32 program features of the anchors, of shape [C, max(F, 1)].
       next_slot: int32 scalar, the ring-buffer write position.
       fit: the isotonic map fitted on the buffer at the last update.
       resid: decayed mean/variance of out-of-sample residuals `r - g(r̂)`.
@@ -85,6 +88,8 @@ class CorrectionState(NamedTuple):
     real: jax.Array
     weight: jax.Array
     valid: jax.Array
+    task: jax.Array
+    feat: jax.Array
     next_slot: jax.Array
     fit: isotonic.IsotonicFit
     resid: fusion.EmaVarianceState
@@ -159,24 +164,32 @@ class _Buffer(NamedTuple):
     real: jax.Array
     weight: jax.Array
     valid: jax.Array
+    task: jax.Array
+    feat: jax.Array
     next_slot: jax.Array
 
 
-def _append(state, pred, real, new, capacity, decay) -> _Buffer:
-    """Writes the pairs marked by `new` into the ring buffer (last ones win)."""
+def _append(state, pred, real, new, capacity, decay, *, weight, task, feat):
+    """Writes the pairs marked by `new` into the ring buffer (last ones win).
+
+    Returns the new `_Buffer` and each row's slot, of shape [N] (`capacity`
+    where the row was not written).
+    """
     n_new = jnp.sum(new, dtype=jnp.int32)
     rank = jnp.cumsum(new, dtype=jnp.int32) - 1
     keep = new & (rank >= n_new - capacity)  # At most `capacity` distinct slots.
     slot = jnp.where(keep, (state.next_slot + rank - jnp.maximum(n_new - capacity, 0)), 0)
     slot = jnp.where(keep, slot % capacity, capacity)  # Out of range = dropped.
-    weight = state.weight * decay
-    return _Buffer(
+    buffer = _Buffer(
         state.pred.at[slot].set(pred, mode="drop"),
         state.real.at[slot].set(real, mode="drop"),
-        weight.at[slot].set(1.0, mode="drop"),
+        (state.weight * decay).at[slot].set(weight, mode="drop"),
         state.valid.at[slot].set(True, mode="drop"),
+        state.task.at[slot].set(task, mode="drop"),
+        state.feat.at[slot].set(feat, mode="drop"),
         (state.next_slot + jnp.minimum(n_new, capacity)) % capacity,
     )
+    return buffer, slot
 
 
 def _check_update_shapes(pred_mean, pred_var, real, anchor_mask, **optional) -> None:
@@ -341,6 +354,9 @@ def make_reward_correction(
     min_anchors: int = 8,
     increasing: bool = True,
     backend: str = "auto",
+    local: bool = False,
+    local_features: int = 0,
+    local_prior_count: float = 2.0,
 ) -> RewardCorrection:
     """Builds the WMRL reward correction.
 
@@ -364,6 +380,13 @@ def make_reward_correction(
         on a handful of points clips everything to their narrow range).
       increasing: direction of the map (the WM's scale is increasing in r).
       backend: isotonic backend ("auto", "native", "xla").
+      local: add the local correction (`wmrl_jax.core.local`) to the debiased
+        predictions: the shrunk residuals of executed programs of the same
+        task and nearby features, out of sample (a row never uses its own
+        execution); `update` then takes `task` (and `features`).
+      local_features: F, the number of categorical program features per row
+        (0: "near" is "same task").
+      local_prior_count: κ, the pseudo-count of each back-off level.
 
     Returns:
       A `RewardCorrection(init, update, debias)`.
@@ -390,6 +413,9 @@ def make_reward_correction(
         raise ValueError(f"decay and var_decay must be in (0, 1], got {decay}, {var_decay}")
     if real_var_prior <= 0 or real_var_prior_count < 0 or min_wm_var <= 0:
         raise ValueError("real_var_prior and min_wm_var must be > 0, real_var_prior_count >= 0")
+    if local_features < 0 or local_prior_count <= 0:
+        raise ValueError("local_features must be >= 0 and local_prior_count > 0")
+    width = max(local_features, 1)  # Stored features; a constant column when F = 0.
 
     real_settings = dict(prior=real_var_prior, prior_count=real_var_prior_count)
     wm_settings = dict(
@@ -403,6 +429,8 @@ def make_reward_correction(
             real=zeros,
             weight=zeros,
             valid=jnp.zeros(capacity, bool),
+            task=jnp.zeros(capacity, jnp.int32),
+            feat=jnp.zeros((capacity, width), jnp.int32),
             next_slot=jnp.int32(0),
             fit=isotonic.IsotonicFit(zeros, zeros, jnp.int32(0)),
             resid=fusion.ema_variance_init(),
@@ -419,6 +447,32 @@ def make_reward_correction(
         mapped = isotonic.isotonic_predict(state.fit, pred_mean, backend=backend)
         return jnp.where(jnp.sum(state.valid) >= min_anchors, mapped, pred_mean)
 
+    def local_fn(state, task_ids, feats, exclude=None):
+        """Local offsets of shape [N] from `state`'s buffer, residuals under its map."""
+        resid = state.real - debias_fn(state, state.pred)
+        weight = jnp.where(state.valid, state.weight, 0.0)
+        return local_lib.local_offsets(
+            task_ids, feats, state.task, state.feat, resid, weight,
+            prior_count=local_prior_count, exclude=exclude,
+        )  # fmt: skip
+
+    def row_inputs(n, task, features, anchor_weight):
+        """Task ids [N], features [N, width] and anchor weights [N], defaults filled in."""
+        if local and task is None:
+            raise ValueError("correction update: the local correction needs `task` ids")
+        task_ids = jnp.zeros(n, jnp.int32) if task is None else jnp.asarray(task, jnp.int32)
+        if features is None:
+            feats = jnp.zeros((n, width), jnp.int32)
+        else:
+            feats = jnp.asarray(features, jnp.int32)
+            if feats.shape != (n, local_features) or local_features == 0:
+                raise ValueError(
+                    f"correction update: `features` must have shape [N, {local_features}] "
+                    f"(local_features), got {feats.shape}"
+                )
+        weight = jnp.ones(n) if anchor_weight is None else jnp.asarray(anchor_weight)
+        return task_ids, feats, weight.astype(jnp.float32)
+
     def update(
         state,
         pred_mean,
@@ -429,6 +483,9 @@ def make_reward_correction(
         real_replicate=None,
         known_real=None,
         known_count=None,
+        task=None,
+        features=None,
+        anchor_weight=None,
     ):
         """Corrects one step's rewards.
 
@@ -447,6 +504,13 @@ def make_reward_correction(
             score of variance σ²_real / `known_count`; never appended to the
             map's buffer (that pair was appended when it was executed).
           known_count: executions behind `known_real`, shape [N].
+          task: int task ids of shape [N] (needed with `local`); stored with
+            the anchors.
+          features: int program features of shape [N, local_features] (local
+            correction; default: none, i.e. same task is near).
+          anchor_weight: optional weights of this step's anchor pairs in the
+            map's fit, shape [N]: 1/π for anchors drawn with inclusion
+            probability π (`wmrl_jax.core.anchors.ipw_weights`); default 1.
 
         Returns:
           `(rewards, new_state, diagnostics)`: corrected rewards r* of shape
@@ -458,9 +522,11 @@ def make_reward_correction(
         """
         pred_mean = jnp.asarray(pred_mean, jnp.float32)
         _check_update_shapes(
-            pred_mean, pred_var, real, anchor_mask,
-            real_replicate=real_replicate, known_real=known_real, known_count=known_count,
+            pred_mean, pred_var, real, anchor_mask, real_replicate=real_replicate,
+            known_real=known_real, known_count=known_count, task=task,
+            anchor_weight=anchor_weight,
         )  # fmt: skip
+        task_ids, feats, weight = row_inputs(pred_mean.shape[0], task, features, anchor_weight)
         pred_var = jnp.asarray(pred_var, jnp.float32)
         real = jnp.asarray(real, jnp.float32)
         usable_pred = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
@@ -472,6 +538,8 @@ def make_reward_correction(
         anchors = has_real & usable_pred
         had_map = jnp.sum(state.valid) >= min_anchors
         prev = debias_fn(state, pred_mean)
+        if local:  # This step's anchors are not in the buffer yet: out of sample.
+            prev = prev + local_fn(state, task_ids, feats)[0]
         resid_mask = anchors & (had_map | (not debias))
         wm = _wm_variance(
             state,
@@ -485,7 +553,10 @@ def make_reward_correction(
         )
 
         # 2-3. Append anchors, refit the map, debias every prediction.
-        buffer = _append(state, pred_mean, real, anchors, capacity, decay)
+        buffer, slots = _append(
+            state, pred_mean, real, anchors, capacity, decay,
+            weight=weight, task=task_ids, feat=feats,
+        )  # fmt: skip
         fit = isotonic.isotonic_fit(
             buffer.pred,
             buffer.real,
@@ -494,7 +565,12 @@ def make_reward_correction(
             increasing=increasing,
             backend=backend,
         )
-        debiased = debias_fn(state._replace(fit=fit, valid=buffer.valid), pred_mean)
+        refit = state._replace(fit=fit, **buffer._asdict())
+        debiased = debias_fn(refit, pred_mean)
+        offsets = exact = jnp.zeros_like(pred_mean)
+        if local:  # A row never counts its own execution (`slots`).
+            offsets, exact = local_fn(refit, task_ids, feats, exclude=slots)
+            debiased = debiased + offsets
         prior_mean = _masked_mean(buffer.real, buffer.valid)
         fallback = jnp.where(jnp.isnan(prior_mean), 0.0, prior_mean)
 
@@ -535,6 +611,9 @@ def make_reward_correction(
             new_state, pred_mean, real, prev, masks, had_map, wm, scores, weight_wm
         )
         diagnostics["n_remembered"] = jnp.sum(has_any & ~has_real, dtype=jnp.float32)
+        if local:
+            diagnostics["local_abs_offset"] = _masked_mean(jnp.abs(offsets), usable_pred)
+            diagnostics["local_exact_weight"] = _masked_mean(exact, usable_pred)
         return rewards, new_state, diagnostics
 
     return RewardCorrection(init, update, debias_fn)

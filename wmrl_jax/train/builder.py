@@ -117,6 +117,8 @@ def make_correction(config: ml_collections.ConfigDict) -> RewardCorrection:
         real_var_prior=c.real_var_prior,
         min_anchors=c.min_anchors,
         wm_var=c.wm_var,
+        local_features=agents.capabilities(config.agent.kind).program_features,
+        local_prior_count=c.local_prior_count,
     )
 
 

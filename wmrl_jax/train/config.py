@@ -26,7 +26,8 @@ from wmrl_jax.envs import suite
 from wmrl_jax.train import arms, cost, distributed
 
 EXECUTORS = ("auto", "docker", "local", "replay", "ray", "engines")
-ANCHOR_POLICIES = ("random", "uncertain")
+ANCHOR_POLICIES = arms.ANCHOR_POLICIES
+ANCHOR_SCORES = ("exploit", "uncertainty")
 ON_INFRA_ERROR = ("wm_only", "raise")
 TASK_SOURCES = ("builtin", "dir", "mle_dojo")
 WM_PARAMS = ("current", "initial")
@@ -45,7 +46,14 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.tasks_per_step = 6
     config.group_size = 8
     config.anchor_fraction = 0.1  # ρ; at least one group per step.
-    config.anchor_policy = "random"  # or "uncertain" (largest WM variance first).
+    config.anchor_policy = "random"  # "uncertain" (largest WM variance first) or "active".
+    # The "active" policy (and arms that run it, e.g. wmrl_active): anchor groups drawn
+    # with probabilities following a score, mixed with a uniform share; each anchor pair
+    # weighs 1/π in the map's fit. "exploit": the group's best debiased prediction
+    # (execute what the policy is about to exploit); "uncertainty": its mean WM variance.
+    config.anchors = ml_collections.ConfigDict()
+    config.anchors.score = "exploit"
+    config.anchors.uniform_share = 0.5
     config.advantage = "std"
     config.eval_every = 10
     # Held-out programs per task: 0 = one greedy program; K > 0 = K policy samples
@@ -129,6 +137,7 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.correction.real_var_prior = 1e-3
     config.correction.min_anchors = 8
     config.correction.wm_var = "global"
+    config.correction.local_prior_count = 2.0  # κ of the local correction's back-off.
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.lr = 1e-3
@@ -223,6 +232,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _choice(config, "executor.on_infra_error", ON_INFRA_ERROR)
     _choice(config, "agent.kind", agents.kinds())
     _choice(config, "anchor_policy", ANCHOR_POLICIES)
+    _choice(config, "anchors.score", ANCHOR_SCORES)
+    if not 0.0 < config.anchors.uniform_share <= 1.0:
+        raise ConfigError(
+            f"config.anchors.uniform_share must be in (0, 1], got {config.anchors.uniform_share}"
+        )
+    if not config.correction.local_prior_count > 0:
+        raise ConfigError(
+            "config.correction.local_prior_count must be > 0, got "
+            f"{config.correction.local_prior_count}"
+        )
     _choice(config, "tasks.source", TASK_SOURCES)
     _choice(config, "tasks.suite", suite.SUITES)
     _choice(config, "agent.wm_params", WM_PARAMS)

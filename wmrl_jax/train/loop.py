@@ -158,6 +158,7 @@ class Trainer:
             else None
         )
         self._correct = jax.jit(self.correction.update)
+        self.anchor_policy = arms.anchor_policy(self.arm, config.anchor_policy)
         self._debias = jax.jit(self.correction.debias)
 
     def _memory_plan(self, config) -> dict[str, int] | None:
@@ -258,15 +259,15 @@ class Trainer:
         if self.arm.samples_anchors_only:  # The groups wmrl would anchor (same key), alone.
             chosen = arms.choose_anchor_groups(
                 self.arm, k_anchor, num_groups=len(tasks), fraction=c.anchor_fraction
-            )
+            ).groups
             tasks = [t for t, keep in zip(tasks, chosen, strict=True) if keep]
         record = StepRecord(step, tasks, c.group_size)
         timing = LedgerStep()
         params = self.state.params
         with timing.timed("gen_seconds"):
             record.rollout = self.agent.rollout(params, tasks, group_size=c.group_size, key=k_roll)
-        if self.arm.world_model and c.anchor_policy == "uncertain":
-            self._world_model(record, k_wm, timing)  # The choice needs the variances.
+        if self.arm.world_model and self.anchor_policy != "random":
+            self._world_model(record, k_wm, timing)  # The choice needs the predictions.
         self._choose_anchors(record, k_anchor)
         pending = self.runner.submit(tasks, record.rollout.programs, self._anchor_rows(record),
                                      c.group_size)  # fmt: skip
@@ -303,18 +304,18 @@ class Trainer:
         g = record.group_size
         if self.arm.samples_anchors_only:  # Its step's groups are the anchors already.
             record.anchor_groups = np.ones(record.num_rows // g, bool)
+            record.anchor_weights = np.ones(record.num_rows // g, np.float32)
             return
-        group_var = None
-        if record.wm is not None:  # Over rows with a program; a group without any goes last.
-            var = np.where(stages.no_program_rows(record.rollout), np.nan, record.wm.var)
-            var = var.reshape(-1, g)
-            some = ~np.isnan(var).all(axis=1)
-            group_var = np.full(len(var), -np.inf)
-            group_var[some] = np.nanmean(var[some], axis=1)
-        record.anchor_groups = arms.choose_anchor_groups(
-            self.arm, key, num_groups=record.num_rows // g, fraction=self.config.anchor_fraction,
-            policy=self.config.anchor_policy, group_var=group_var,
+        c, score = self.config, None
+        if record.wm is not None and self.anchor_policy != "random":
+            kind = "uncertainty" if self.anchor_policy == "uncertain" else c.anchors.score
+            debiased = self._debias(self.state.extra["correction"], record.wm.mean)
+            score = stages.group_scores(record, kind, np.asarray(debiased))
+        choice = arms.choose_anchor_groups(
+            self.arm, key, num_groups=record.num_rows // g, fraction=c.anchor_fraction,
+            policy=self.anchor_policy, group_score=score, uniform_share=c.anchors.uniform_share,
         )  # fmt: skip
+        record.anchor_groups, record.anchor_weights = choice.groups, choice.weights
 
     @staticmethod
     def _anchor_rows(record: StepRecord) -> np.ndarray:
@@ -342,14 +343,18 @@ class Trainer:
         if self.arm.world_model:
             wm, before = record.wm, self.state.extra["correction"]
             record.debiased = np.asarray(self._debias(before, wm.mean), np.float32)
-            memory = {}
+            rows = {"anchor_weight": np.repeat(record.anchor_weights, record.group_size)}
+            if self.arm.local:  # Same task, nearby program features.
+                rows["task"] = stages.task_ids(record.tasks, record.group_size)
+                if record.rollout.features is not None:
+                    rows["features"] = record.rollout.features
             if self.arm.memory:  # Programs executed earlier in the run, fused from memory.
                 known, count = self.runner.remembered(record.tasks, record.rollout.programs,
                                                       record.group_size)  # fmt: skip
-                memory = {"known_real": known, "known_count": count}
+                rows.update(known_real=known, known_count=count)
             rewards, corr_state, diag = self._correct(
                 before, wm.mean, wm.var, record.real, record.executed,
-                real_replicate=record.partner, **memory,
+                real_replicate=record.partner, **rows,
             )  # fmt: skip
             self.state = self.state.replace(extra={**self.state.extra, "correction": corr_state})
             record.rewards = np.asarray(rewards, np.float32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import zlib
 from collections.abc import Sequence
 
 import jax
@@ -40,6 +41,8 @@ class StepRecord:
       rollout: the sampled programs and their train batch.
       wm: world-model predictions, None for arms without a world model.
       anchor_groups: bool [num_groups], the groups executed for real.
+      anchor_weights: [num_groups] the weight of each anchor group's pairs in
+        the map's fit (1/π under the "active" policy, else 1).
       outcomes: {row: Outcome} of the executions that count.
       exec_counts: infrastructure errors, dropped rows and rejected rewards.
       real: [N] real rewards, NaN where not executed.
@@ -60,6 +63,7 @@ class StepRecord:
     rollout: Rollout | None = None
     wm: WMOutput | None = None
     anchor_groups: np.ndarray | None = None
+    anchor_weights: np.ndarray | None = None
     outcomes: dict = dataclasses.field(default_factory=dict)
     exec_counts: dict = dataclasses.field(default_factory=dict)
     real: np.ndarray | None = None
@@ -86,6 +90,37 @@ def step_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> li
     reps = -(-count // len(tasks))
     idx = np.concatenate([rng.permutation(len(tasks)) for _ in range(reps)])[:count]
     return [tasks[i] for i in sorted(idx)]
+
+
+def group_scores(record: StepRecord, score: str, debiased: np.ndarray | None) -> np.ndarray:
+    """Per-group anchor scores of shape [num_groups], over rows holding a program.
+
+    "uncertainty": the group's mean WM variance (inf where a prediction is
+    unusable: most uncertain); "exploit": the group's best debiased
+    prediction. A group without any program scores -inf (nothing to run).
+    """
+    g = record.group_size
+    missing = no_program_rows(record.rollout).reshape(-1, g)
+    if score == "uncertainty":
+        values = np.asarray(record.wm.var, np.float64).reshape(-1, g)
+        values = np.where(np.isnan(values), np.inf, values)
+        pool = np.mean
+    else:
+        values = np.asarray(debiased, np.float64).reshape(-1, g)
+        values = np.where(np.isfinite(values), values, -np.inf)
+        pool = np.max
+    out = np.full(len(values), -np.inf)
+    some = ~missing.all(axis=1)
+    for i in np.flatnonzero(some):
+        out[i] = pool(values[i][~missing[i]])
+    return out
+
+
+def task_ids(tasks: Sequence[Task], g: int) -> np.ndarray:
+    """[N] int32: a stable id per row's task (a hash of the task's id), for the local
+    correction's "same task"."""
+    ids = [zlib.crc32(str(t.id).encode()) & 0x7FFFFFFF for t in tasks]
+    return np.repeat(np.asarray(ids, np.int64), g).astype(np.int32)
 
 
 def real_rewards(outcomes: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -176,6 +211,8 @@ def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
     m: dict[str, float] = {f"correction/{k}": float(v) for k, v in r.correction.items()}
     m.update({f"anchors/{k}": float(v) for k, v in r.exec_counts.items()})
     m["anchors/groups"] = float(r.anchor_groups.sum())
+    if r.anchor_weights is not None and r.anchor_groups.any():
+        m["anchors/ipw_weight_max"] = float(r.anchor_weights[r.anchor_groups].max())
     m["anchors/replicate_pairs"] = float(np.isfinite(r.partner).sum())
     m["reward/masked_rows"] = float(np.sum(~valid))
     if valid.any():

@@ -14,8 +14,10 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.agents.base import AgentContext, Built, Capabilities
+from wmrl_jax.envs import recipes
 
-CAPABILITIES = Capabilities(aux_loss=True, replayable=True)
+# Program features: the recipe's slots (preprocessing, model, two hyperparameters).
+CAPABILITIES = Capabilities(aux_loss=True, replayable=True, program_features=len(recipes.SLOTS))
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -67,9 +67,16 @@ class RecipeAgent:
                 self._prompts[t.id] = np.asarray(recipe_lm.task_prompt(self.vocab, t), np.int32)
         return np.stack([self._prompts[t.id] for t in tasks])
 
-    def _programs(self, tasks: Sequence[Task], tokens: np.ndarray, group_size: int) -> list[str]:
+    def _programs(
+        self, tasks: Sequence[Task], tokens: np.ndarray, group_size: int
+    ) -> tuple[list[str], np.ndarray]:
+        """The programs, and their recipe slots [N, len(SLOTS)] as program features."""
         recipes_ = recipe_lm.recipes_from_tokens(self.vocab, tokens)
-        return [recipes.compile_program(r, tasks[i // group_size]) for i, r in enumerate(recipes_)]
+        programs = [
+            recipes.compile_program(r, tasks[i // group_size]) for i, r in enumerate(recipes_)
+        ]
+        features = np.asarray(recipes_, np.int32).reshape(len(recipes_), len(recipes.SLOTS))
+        return programs, features
 
     def rollout(self, params, tasks: Sequence[Task], *, group_size: int, key) -> Rollout:
         prompts = np.repeat(self.prompts(tasks), group_size, axis=0)
@@ -79,7 +86,8 @@ class RecipeAgent:
         batch = {k: np.asarray(v) for k, v in batch.items() if k != "advantages"}
         count = recipe_lm.sample_token_count(len(prompts), self.vocab)
         gen_tokens = count.prompt + count.generated
-        return Rollout(self._programs(tasks, tokens, group_size), batch, gen_tokens)
+        programs, features = self._programs(tasks, tokens, group_size)
+        return Rollout(programs, batch, gen_tokens, features=features)
 
     def recipe_tokens(self, rollout: Rollout) -> np.ndarray:
         """The sampled recipe tokens of a rollout, of shape [N, S]."""
@@ -128,4 +136,4 @@ class RecipeAgent:
     def greedy_programs(self, params, tasks: Sequence[Task]) -> list[str]:
         prompts = self.prompts(tasks)
         sample = self._sample(params, jnp.asarray(prompts), jax.random.key(0), True)
-        return self._programs(tasks, np.asarray(sample.tokens), 1)
+        return self._programs(tasks, np.asarray(sample.tokens), 1)[0]
