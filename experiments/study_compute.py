@@ -8,6 +8,11 @@ Writes ``results.json`` (the config and every number), ``table.md``,
 ``--readme``, replaces the README's study section (between its
 ``<!-- study:begin -->`` / ``<!-- study:end -->`` markers) with the new table
 and plot, so the README never carries hand-typed numbers.
+
+``--extend`` runs only the arms (and sweep runs) that ``--workdir/results.json``
+does not hold yet, e.g. arms added to ``config.study.arms`` after a study, and
+reports all of them together; the rest of the config must be the one that
+study ran with.
 """
 
 from __future__ import annotations
@@ -38,23 +43,63 @@ _RENDER_ONLY = flags.DEFINE_bool(
     False,
     "Only re-render the tables, the plot and the README from --workdir/results.json.",
 )
+_EXTEND = flags.DEFINE_bool(
+    "extend",
+    False,
+    "Run only the runs --workdir/results.json lacks (same config but study.arms) and merge.",
+)
 _ASSETS = "docs"
+# The arms beyond the paper, each with the idea it adds to `wmrl`.
+BEYOND = {
+    "wmrl_memory": "Anchor memory",
+    "wmrl_local": "The local correction",
+    "wmrl_active": "Active anchors",
+    "wmrl_plus": "All three",
+}
+# Settings that may differ between a study and its extension: which runs, how many at once.
+_EXTENDABLE = ("arms", "workers")
 
 
-def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
-    """Runs the study, writes its outputs, optionally updates the README; returns the analysis."""
+def earlier_runs(config, workdir: str) -> tuple[dict, float]:
+    """The runs of `workdir/results.json` and their wall seconds, for `--extend`.
+
+    Raises:
+      ValueError: the earlier study ran with another config (beyond `study.arms`
+        and `study.workers`), so its runs are not comparable.
+    """
+    with open(os.path.join(workdir, "results.json")) as f:
+        earlier = json.load(f)
+    now, then = config.to_dict(), earlier["config"]
+    for c in (now, then):
+        c["study"] = {k: v for k, v in c["study"].items() if k not in _EXTENDABLE}
+    if json.loads(json.dumps(now)) != then:
+        raise ValueError(
+            f"--extend: {workdir}/results.json ran with another config; rerun the whole study"
+        )
+    return earlier["runs"], earlier["wall_seconds"]
+
+
+def run_and_report(config, workdir: str, readme: str | None = None, extend: bool = False) -> dict:
+    """Runs the study, writes its outputs, optionally updates the README; returns the analysis.
+
+    With `extend`, only the runs `workdir/results.json` lacks (`earlier_runs`).
+    """
     start = time.perf_counter()
-    results = study.run_study(config, workdir, log=logging.info)
+    runs, earlier_wall = earlier_runs(config, workdir) if extend else ({}, 0.0)
+    results = study.run_study(config, workdir, log=logging.info, skip=runs)
     os.makedirs(workdir, exist_ok=True)
+    # Every eval point and every step's metrics: what `render` plots from.
+    runs.update(
+        {k: [{"history": s["history"], "steps": s["steps"]} for s in v] for k, v in results.items()}
+    )
+    labels = [label for label, _ in study.study_runs(config)]
+    runs = {label: runs[label] for label in labels}
     payload = {
         "config": config.to_dict(),
-        "wall_seconds": time.perf_counter() - start,
-        # Every eval point and every step's metrics: what `render` plots from.
-        "runs": {
-            k: [{"history": s["history"], "steps": s["steps"]} for s in v]
-            for k, v in results.items()
-        },
+        "wall_seconds": earlier_wall + time.perf_counter() - start,
+        "runs": runs,
     }
+    results = runs
     payload.update(analyses(results, config))
     write_json(os.path.join(workdir, "results.json"), payload)
     render(workdir, readme)
@@ -150,14 +195,19 @@ def headline(analysis: dict) -> str:
             "Our aim, ≥ 3× against `real` and a clear win over `anchors_only`: "
             + ("**met**." if won else "**not met** on this benchmark.")
         )
-    memory = analysis.get("wmrl_memory")
-    if memory is not None:
-        diff, se, side = _compare(memory, wmrl, few)
-        lines.append(
-            f"Anchor memory (`wmrl_memory`) ends {side} `wmrl` ({memory['heldout_final']:.3f} "
-            f"vs {wmrl['heldout_final']:.3f}, {diff:+.3f} ± {se:.3f}); `real` needs "
-            f"{report.ratio_cell(memory, 'ratio')} its compute."
+    for arm, idea in BEYOND.items():
+        row = analysis.get(arm)
+        if row is None:
+            continue
+        diff, se, side = _compare(row, wmrl, few)
+        line = (
+            f"{idea} (`{arm}`) ends {side} `wmrl` ({row['heldout_final']:.3f} "
+            f"vs {wmrl['heldout_final']:.3f}, {diff:+.3f} ± {se:.3f})"
         )
+        if control is not None:
+            diff, se, side = _compare(row, control, few)
+            line += f" and {side} `anchors_only` ({diff:+.3f} ± {se:.3f})"
+        lines.append(line + f"; `real` needs {report.ratio_cell(row, 'ratio')} its compute.")
     fused, real_err, wm_err = (wmrl.get(f"anchor_{s}_error_var") for s in ("fed", "real", "wm"))
     if None not in (fused, real_err, wm_err):
         below = fused < min(real_err, wm_err)
@@ -232,7 +282,7 @@ def main(argv):
     if _RENDER_ONLY.value:
         render(_WORKDIR.value, _README.value)
     else:
-        run_and_report(_CONFIG.value, _WORKDIR.value, _README.value)
+        run_and_report(_CONFIG.value, _WORKDIR.value, _README.value, extend=_EXTEND.value)
 
 
 if __name__ == "__main__":

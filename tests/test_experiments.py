@@ -11,6 +11,10 @@ import time
 
 import pytest
 
+from experiments import study_compute
+from experiments.configs import study_compute as study_config
+from wmrl_jax.train.config import override
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -88,15 +92,23 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     cmd = [
         sys.executable, "-m", "experiments.study_compute",
         "--config=experiments/configs/study_compute.py:runlocal",
-        f"--workdir={tmp_path / 'study'}", f"--readme={readme}",
+        f"--workdir={tmp_path / 'study'}",
     ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-        timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    def run(*flags):
+        proc = subprocess.run(
+            cmd + list(flags), cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return proc.stderr
+
+    # A study of four arms, then extended by the fifth: only that one runs again.
+    run("--config.study.arms=('real','anchors_only','wm_naive','wmrl')")
+    log = run("--extend", f"--readme={readme}")
+    assert "wmrl_plus: held-out" in log and "wmrl: held-out" not in log
     results = json.loads((tmp_path / "study" / "results.json").read_text())
-    arms = {"real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory"}
+    arms = {"real", "anchors_only", "wm_naive", "wmrl", "wmrl_plus"}
     assert set(results["analysis"]) == arms
     assert set(results["analysis_modelled"]) == arms and set(results["break_even"]) == {
         "1000000000.0", "4000000000.0"
@@ -114,5 +126,9 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     text = readme.read_text()
     assert "old" not in text and "| wmrl |" in text and text.endswith("tail\n")
     assert "| anchors_only |" in text and "Modelled ledger" in text
-    assert "Does it beat `anchors_only`?" in text
+    assert "Does it beat `anchors_only`?" in text and "All three (`wmrl_plus`) ends" in text
+    with pytest.raises(ValueError, match="another config"):  # --extend refuses another study
+        study_compute.earlier_runs(
+            override(study_config.get_config("runlocal"), num_steps=7), str(tmp_path / "study")
+        )
     assert (tmp_path / "docs" / "study_compute.png").stat().st_size > 0

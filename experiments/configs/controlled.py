@@ -15,7 +15,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.num_seeds = 8
-    config.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl")
+    config.arms = (
+        "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
+        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus",
+    )  # fmt: skip
     config.num_steps = 400
     config.tasks_per_step = 20
     config.group_size = 8
@@ -44,6 +47,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # the user knows it exactly.
     config.correction.real_var_prior = 0.02
     config.correction.min_anchors = 16
+    config.correction.local_prior_count = 2.0  # κ of the local correction (wmrl_local, _plus).
+
+    # Active anchors (wmrl_active, wmrl_plus): the uniform share mixed into the draw.
+    config.anchors = ml_collections.ConfigDict()
+    config.anchors.uniform_share = 0.5
 
     # The WM's blind-spot fraction swept in one table (where each arm wins).
     config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)
@@ -58,6 +66,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.tasks_per_step = 10
         config.smooth = 5
         config.blind_spot_sweep = (0.0, 0.15)
+        # The paper's arms and the one that exercises every idea beyond it.
+        config.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_plus")
     elif arg:
         raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
     config.lock()

@@ -54,7 +54,10 @@ def get_config(arg: str | None = None):
     config.study = ml_collections.ConfigDict()
     config.study.num_seeds = 5
     config.study.workers = 2  # Seeds run in parallel processes (one per core here).
-    config.study.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory")
+    config.study.arms = (
+        "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
+        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus",
+    )  # fmt: skip
     config.study.rho_sweep = ()
     config.study.warm_sweep = ()  # Warm-start steps: the WM's quality.
     config.study.warm_sweep_arms = ("wmrl", "real")
@@ -72,6 +75,8 @@ def get_config(arg: str | None = None):
         config.study.num_seeds = 1
         config.study.smooth = 1
         config.study.cost_sweep = (1e9, 4e9)
+        # The paper's arms, the control, and the one that exercises every idea beyond it.
+        config.study.arms = ("real", "anchors_only", "wm_naive", "wmrl", "wmrl_plus")
     elif arg == "sweeps":
         config.study.rho_sweep = (0.05, 0.2, 0.3)
         config.study.warm_sweep = (40, 600)

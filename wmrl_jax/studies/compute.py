@@ -57,17 +57,23 @@ def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
     return runs
 
 
-def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> dict:
+def run_study(
+    config: ml_collections.ConfigDict, workdir: str, *, log=print, skip: Iterable[str] = ()
+) -> dict:
     """Runs every (seed, run) pair; returns `{label: [summary per seed]}`.
+
+    Runs whose label is in `skip` (already run, e.g. an earlier study's arms)
+    are left out of the runs and of the result.
 
     Seeds run in `config.study.workers` spawned processes (each runs one seed's
     runs in order); 1 runs them in this process. Each process loads the tasks
     and the table itself, so results do not depend on the number of workers
     beyond the measured generation and WM seconds.
     """
-    labels = [label for label, _ in study_runs(config)]
+    skip = tuple(skip)
+    labels = [label for label, _ in study_runs(config) if label not in skip]
     seeds = range(config.study.num_seeds)
-    jobs = [(config.to_dict(), workdir, seed) for seed in seeds]
+    jobs = [(config.to_dict(), workdir, seed, skip) for seed in seeds]
     by_seed: dict[int, dict] = {}
 
     def collect(item):
@@ -91,15 +97,17 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, *, log=print) -> 
     return {label: [by_seed[s][label][0] for s in seeds] for label in labels}
 
 
-def _run_seed(job: tuple[dict, str, int]) -> tuple[int, dict[str, tuple[dict, float]]]:
-    """Every run of one seed: `(seed, {label: (summary, wall seconds)})`."""
-    config_dict, workdir, seed = job
+def _run_seed(job: tuple[dict, str, int, tuple]) -> tuple[int, dict[str, tuple[dict, float]]]:
+    """Every run of one seed but the skipped: `(seed, {label: (summary, wall seconds)})`."""
+    config_dict, workdir, seed, skip = job
     config = ml_collections.ConfigDict(config_dict)
     tasks = builder.load_tasks(config)
     table = builder.load_table(config)
     built: dict[int, object] = {}
     out = {}
     for label, overrides in study_runs(config):
+        if label in skip:
+            continue
         run_config = override(config, seed=config.seed + seed, **overrides)
         warm = run_config.agent.recipe.warm_start.steps
         if warm not in built:  # One warm start per (seed, length), shared by the arms.
@@ -346,7 +354,7 @@ def analyse(
         # Charged executions are unique ones: the run's cache answers repeats (`cached`).
         row["unique_executions"] = row["executions_total"]
         row["cached_executions"] = float(
-            np.mean([s.get("ledger", {}).get("cached", 0.0) for s in summaries])
+            np.mean([s["history"][-1].get("cached", 0.0) for s in summaries])
         )
         row["wm_rank_corr"] = _nanstat(
             np.nanmean, step_series(summaries, "oracle/wm_oos_group_rank_corr")

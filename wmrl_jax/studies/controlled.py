@@ -6,7 +6,12 @@ A softmax policy over the candidate solutions of each task is trained with
 (every group executed), ``anchors_only`` (only the anchor groups, executed,
 and nothing else), ``wm_naive`` (uncorrected predictions), ``wm_debias``
 (Online Debiasing; anchors use their real score) and ``wmrl`` (plus
-Inverse-Variance Denoising on anchors).
+Inverse-Variance Denoising on anchors), and the arms beyond the paper:
+``wmrl_memory`` (remembered means of executed candidates), ``wmrl_local``
+(the local correction; a candidate's features are its index, so "near" is
+"same task" and "same candidate"), ``wmrl_active`` (anchor groups drawn by the
+rank of their best debiased prediction, weighted 1/π in the map) and
+``wmrl_plus`` (all three).
 
 One arm for all seeds is a single jitted function of a key (a `lax.scan`
 over steps, `jax.vmap` over seeds). Because the ground truth is known, every
@@ -28,6 +33,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from wmrl_jax.core import anchors as anchors_lib
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
 from wmrl_jax.envs import simulated
@@ -39,6 +45,8 @@ class _Carry(NamedTuple):
     logits: jax.Array
     opt_state: optax.OptState
     correction: correction_lib.CorrectionState
+    mem_sum: jax.Array  # [T, K] sum of real rewards of executed candidates (anchor memory)
+    mem_count: jax.Array  # [T, K] their executions
 
 
 def _masked_var(x, mask):
@@ -68,8 +76,12 @@ def _policy_loss(logits, tasks, actions, advantages, rows, *, clip_eps: float):
     )
 
 
-def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor):
-    """`(fed, debiased WM, state')` of shape [B, G] for `arm`, as the trainer feeds them."""
+def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor, rows: dict):
+    """`(fed, debiased WM, state')` of shape [B, G] for `arm`, as the trainer feeds them.
+
+    `rows` holds the update's per-row extras (anchor weights, task ids and
+    features, remembered means), each flattened over [B·G].
+    """
     if not arm.world_model:
         return real, pred, state
     if not (arm.debias or arm.use_real):
@@ -81,8 +93,35 @@ def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor):
         jnp.ones(b * g),
         jnp.where(anchor, real, jnp.nan).reshape(-1),
         anchor.reshape(-1),
+        **rows,
     )
     return fed.reshape(b, g), correction.debias(state, pred), state
+
+
+def _choose_anchors(arm, config, correction, carry, pred, key, k: int):
+    """`(anchor groups [B], weights [B])`: uniform, or for an "active" arm drawn by the rank of
+    each group's best debiased prediction (the policy's next exploit), weighted 1/π."""
+    b = pred.shape[0]
+    if arm.anchor_policy != "active":
+        groups = jax.random.permutation(key, b) < k
+        return groups, groups.astype(jnp.float32)
+    best = jnp.max(correction.debias(carry.correction, pred), axis=1)
+    rank = jnp.argsort(jnp.argsort(best)) + 1.0
+    return anchors_lib.draw(key, rank, k=k, uniform_share=config.anchors.uniform_share)
+
+
+def _row_extras(arm, carry, tasks, actions, weights, g: int) -> dict:
+    """The correction update's per-row extras for `arm` (flattened [B·G])."""
+    rows = {"anchor_weight": jnp.repeat(weights, g)}
+    if arm.local:
+        rows["task"] = jnp.repeat(tasks, g)
+        rows["features"] = actions.reshape(-1, 1)
+    if arm.memory:
+        count = carry.mem_count[tasks[:, None], actions].reshape(-1)
+        total = carry.mem_sum[tasks[:, None], actions].reshape(-1)
+        rows["known_real"] = jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+        rows["known_count"] = count
+    return rows
 
 
 def _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked: bool):
@@ -118,8 +157,6 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
       ``raw_bias`` and ``debiased_bias``.
     """
     arm_spec = arms_lib.get(arm)
-    if arm_spec.memory:
-        raise ValueError(f"arm {arm!r}: anchor memory is not simulated in the controlled study")
     env_cfg, wm_cfg = config.env, config.world_model
     k_env, k_run = jax.random.split(key)
     env = simulated.make_env(
@@ -141,6 +178,8 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         decay=config.correction.decay,
         real_var_prior=config.correction.real_var_prior,
         min_anchors=config.correction.min_anchors,
+        local_features=1,  # the candidate's index
+        local_prior_count=config.correction.local_prior_count,
     )
     adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
     loss_fn = functools.partial(_policy_loss, clip_eps=config.clip_eps)
@@ -152,10 +191,13 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         quality = env.quality[tasks[:, None], actions]
         real = simulated.real_reward(k_real, quality, noise=env_cfg.real_noise)
         pred = simulated.wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec)
-        anchor_groups = jax.random.permutation(k_anchor, b) < n_anchor_groups
+        anchor_groups, weights = _choose_anchors(
+            arm_spec, config, correction, carry, pred, k_anchor, n_anchor_groups
+        )
         anchor = jnp.broadcast_to(anchor_groups[:, None], (b, g))
+        rows = _row_extras(arm_spec, carry, tasks, actions, weights, g)
         fed, debiased, state = _fed_rewards(
-            arm_spec, correction, carry.correction, pred, real, anchor
+            arm_spec, correction, carry.correction, pred, real, anchor, rows
         )
         if masked:
             advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, anchor)
@@ -166,10 +208,15 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
         policy = jax.nn.softmax(carry.logits, axis=-1)
         outputs = _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked)
-        return _Carry(optax.apply_updates(carry.logits, updates), opt_state, state), outputs
+        at = (tasks[:, None], actions)
+        mem_sum = carry.mem_sum.at[at].add(jnp.where(anchor, real, 0.0))
+        mem_count = carry.mem_count.at[at].add(anchor.astype(jnp.float32))
+        new_logits = optax.apply_updates(carry.logits, updates)
+        return _Carry(new_logits, opt_state, state, mem_sum, mem_count), outputs
 
     logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
-    carry = _Carry(logits, optimizer.init(logits), correction.init())
+    zeros = jnp.zeros_like(logits)
+    carry = _Carry(logits, optimizer.init(logits), correction.init(), zeros, zeros)
     _, outputs = jax.lax.scan(step, carry, jax.random.split(k_run, config.num_steps))
     return outputs
 
