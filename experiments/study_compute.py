@@ -60,22 +60,42 @@ BEYOND = {
 _EXTENDABLE = ("arms", "workers")
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """`{"a.b": leaf}` of a nested dict, leaves through a JSON round trip (tuples → lists)."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.loads(json.dumps(v))
+    return out
+
+
 def earlier_runs(config, workdir: str) -> tuple[dict, float]:
     """The runs of `workdir/results.json` and their wall seconds, for `--extend`.
 
+    Every setting the earlier study had must be unchanged, but `study.arms` and
+    `study.workers`. Settings added since (new options, whose defaults keep the
+    earlier behaviour) are logged, not refused.
+
     Raises:
-      ValueError: the earlier study ran with another config (beyond `study.arms`
-        and `study.workers`), so its runs are not comparable.
+      ValueError: the earlier study ran with another config, naming the settings.
     """
     with open(os.path.join(workdir, "results.json")) as f:
         earlier = json.load(f)
-    now, then = config.to_dict(), earlier["config"]
-    for c in (now, then):
-        c["study"] = {k: v for k, v in c["study"].items() if k not in _EXTENDABLE}
-    if json.loads(json.dumps(now)) != then:
+    now, then = _flat(config.to_dict()), _flat(earlier["config"])
+    free = {f"study.{k}" for k in _EXTENDABLE}
+    changed = sorted(k for k in then if k not in free and now.get(k, then[k]) != then[k])
+    gone = sorted(k for k in then if k not in now and k not in free)
+    if changed or gone:
         raise ValueError(
-            f"--extend: {workdir}/results.json ran with another config; rerun the whole study"
+            f"--extend: {workdir}/results.json ran with another config "
+            f"(changed: {changed or 'none'}; no longer settings: {gone or 'none'}); "
+            "rerun the whole study"
         )
+    added = sorted(k for k in now if k not in then)
+    if added:
+        logging.info("--extend: settings added since the earlier study: %s", ", ".join(added))
     return earlier["runs"], earlier["wall_seconds"]
 
 
