@@ -250,10 +250,15 @@ class TextAgent:
             self._solver_cache[cache_key] = ids
         return self._solver_cache[cache_key]
 
-    def wm_prompt_ids(self, task, program: str) -> list[int]:
-        """WM prompt ids for (task, program), at most `wm_max_prompt_tokens` long."""
+    def wm_prompt_ids(
+        self, task, program: str, anchors: Sequence[AnchorExample] | None = None
+    ) -> list[int]:
+        """WM prompt ids for (task, program), at most `wm_max_prompt_tokens` long.
+
+        `anchors` (oldest first) default to those kept for the task by `observe`.
+        """
         description, report = task.description, task.data_report or ""
-        anchors = list(self._anchors.get(task.id, ()))
+        anchors = list(self._anchors.get(task.id, ()) if anchors is None else anchors)
         limit = self.wm_max_prompt_tokens
 
         def build(keep, anchors, program_chars=8000):
