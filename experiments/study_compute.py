@@ -51,10 +51,10 @@ _EXTEND = flags.DEFINE_bool(
 _ASSETS = "docs"
 # The arms beyond the paper, each with the idea it adds to `wmrl`.
 BEYOND = {
-    "wmrl_memory": "Anchor memory",
-    "wmrl_local": "The local correction",
-    "wmrl_active": "Active anchors",
-    "wmrl_plus": "All three",
+    "wmrl_memory": "anchor memory",
+    "wmrl_local": "the local correction",
+    "wmrl_active": "active anchors",
+    "wmrl_plus": "all three",
 }
 # Settings that may differ between a study and its extension: which runs, how many at once.
 _EXTENDABLE = ("arms", "workers")
@@ -221,7 +221,7 @@ def headline(analysis: dict) -> str:
             continue
         diff, se, side = _compare(row, wmrl, few)
         line = (
-            f"{idea} (`{arm}`) ends {side} `wmrl` ({row['heldout_final']:.3f} "
+            f"`{arm}` ({idea}) ends {side} `wmrl` ({row['heldout_final']:.3f} "
             f"vs {wmrl['heldout_final']:.3f}, {diff:+.3f} ± {se:.3f})"
         )
         if control is not None:

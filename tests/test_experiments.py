@@ -126,7 +126,7 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     text = readme.read_text()
     assert "old" not in text and "| wmrl |" in text and text.endswith("tail\n")
     assert "| anchors_only |" in text and "Modelled ledger" in text
-    assert "Does it beat `anchors_only`?" in text and "All three (`wmrl_plus`) ends" in text
+    assert "Does it beat `anchors_only`?" in text and "`wmrl_plus` (all three) ends" in text
     with pytest.raises(ValueError, match="another config"):  # --extend refuses another study
         study_compute.earlier_runs(
             override(study_config.get_config("runlocal"), num_steps=7), str(tmp_path / "study")
