@@ -1,6 +1,7 @@
 """Forward+backward throughput of the Flax Qwen3 against `transformers` (PyTorch) and Tunix.
 
     python -m benchmarks.forward [--preset small] [--batch 8] [--seq 128] [--json PATH]
+    python -m benchmarks.forward --seq 2048 --batch 2 --variants --skip torch,tunix
 
 All runs use the same random checkpoint, written once to a temporary directory
 and read by each implementation. One step is the mean next-token cross-entropy
@@ -8,6 +9,12 @@ of a [batch, seq] batch and its gradient with respect to every parameter, in
 float32. Reported: tokens per second (batch x seq / step time) and the ratio of
 ours to each anchor. An anchor that is not installed is reported as missing
 (PyTorch: `pip install torch`; Tunix: `pip install google-tunix`).
+
+``--variants`` adds our own earlier and leaner paths as anchors of the same run:
+``ours_dense_attention`` (one query block as long as the sequence: the [H, T, T]
+scores whole, the attention before `models.attention` blocked it) and
+``ours_remat`` (per-layer remat and the blocked LM head, the train step's
+``remat=True``), each with XLA's temporary bytes of the compiled step.
 
 Timing: one warm-up step each (compilation excluded), then `--repeats` rounds
 that time every implementation once, interleaved so that load from other
@@ -29,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from wmrl_jax import models
+from wmrl_jax.models import lm_head, qwen3
+from wmrl_jax.models.attention import QUERY_BLOCK
 
 PRESETS = {
     # Small enough for a 2-core CPU, large enough that compute dominates dispatch.
@@ -110,15 +119,32 @@ def flops_per_token(config, seq: int) -> float:
     return 6.0 * matmul + attention
 
 
-def make_ours(path: str, ids: np.ndarray, *, dtype: str = "float32") -> Callable[[], object]:
+def make_ours(
+    path: str,
+    ids: np.ndarray,
+    *,
+    dtype: str = "float32",
+    query_block: int = QUERY_BLOCK,
+    remat: bool = False,
+    temp_bytes: dict | None = None,
+) -> Callable[[], object]:
+    """Our step; `query_block`, `remat` select the path, `temp_bytes` gets XLA's temporaries."""
     model = models.from_pretrained(path, dtype=dtype, load_tokenizer=False)
     tokens = jnp.asarray(ids)
 
     def loss(params):
-        logits = models.apply(model.graphdef, params, tokens[:, :-1])
+        if remat:
+            features, head = qwen3.apply_features(
+                model.graphdef, params, tokens[:, :-1], remat=True, query_block=query_block
+            )
+            return -lm_head.blocked_token_logprobs(features, head, tokens[:, 1:])[0].mean()
+        logits = models.apply(model.graphdef, params, tokens[:, :-1], query_block=query_block)
         return -models.token_logprobs(logits, tokens[:, 1:]).mean()
 
     step = jax.jit(jax.value_and_grad(loss))
+    if temp_bytes is not None:
+        analysis = step.lower(model.params).compile().memory_analysis()
+        temp_bytes["temp_bytes"] = int(analysis.temp_size_in_bytes)
     return warmed(lambda: jax.block_until_ready(step(model.params)))
 
 
@@ -210,6 +236,9 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--peak-tflops", type=float, default=None, help="device peak, to report MFU"
     )
+    parser.add_argument(
+        "--variants", action="store_true", help="also time ours_dense_attention and ours_remat"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -221,7 +250,17 @@ def main(argv=None) -> dict:
         ids = rng.integers(0, vocab, size=(args.batch, args.seq + 1)).astype(np.int32)
         tokens = args.batch * args.seq
         n_params = param_count(models.from_pretrained(path, load_tokenizer=False))
-        prepared = {"ours": (make_ours(path, ids, dtype=args.dtype), "ok")}
+        temps = {name: {} for name in ("ours", "ours_dense_attention", "ours_remat")}
+        prepared = {
+            "ours": (make_ours(path, ids, dtype=args.dtype, temp_bytes=temps["ours"]), "ok")
+        }
+        if args.variants:
+            for name, kw in (
+                ("ours_dense_attention", dict(query_block=args.seq)),
+                ("ours_remat", dict(remat=True)),
+            ):
+                fn = make_ours(path, ids, dtype=args.dtype, temp_bytes=temps[name], **kw)
+                prepared[name] = (fn, "ok")
         if "torch" not in skip:
             prepared["transformers"] = anchor(make_torch, path, ids)
         if "tunix" not in skip:
@@ -239,15 +278,19 @@ def main(argv=None) -> dict:
         f"batch={args.batch} seq={args.seq} {args.dtype}, {platform.processor() or 'cpu'} "
         f"x{os.cpu_count()}"
     )
-    print("| impl | step s | tokens/s | ours / impl |\n|---|---|---|---|")
+    print("| impl | step s | tokens/s | ours / impl | XLA temp GiB |\n|---|---|---|---|---|")
     for impl, (seconds, note) in results.items():
         if seconds is None:
-            print(f"| {impl} | - | - | {note} |")
+            print(f"| {impl} | - | - | {note} | - |")
             rows[impl] = {"note": note}
             continue
         tps = tokens / seconds
-        print(f"| {impl} | {seconds:.4f} | {tps:,.0f} | {ours_tps / tps:.2f}x |")
+        temp = temps.get(impl, {}).get("temp_bytes")
+        shown = "-" if temp is None else f"{temp / 2**30:.3f}"
+        print(f"| {impl} | {seconds:.4f} | {tps:,.0f} | {ours_tps / tps:.2f}x | {shown} |")
         rows[impl] = {"seconds": seconds, "tokens_per_s": tps, "ours_over_impl": ours_tps / tps}
+        if temp is not None:
+            rows[impl]["temp_bytes"] = temp
     print(f"ours: {model_flops / 1e9:,.1f} model GFLOP/s (6N + attention){mfu}")
     payload = {"benchmark": "forward_backward", "args": vars(args), "params": n_params, **rows}
     write_json(args.json, payload)

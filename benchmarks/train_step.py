@@ -1,7 +1,7 @@
 """Throughput and model-FLOPs utilisation of the sharded GRPO train step.
 
     python -m benchmarks.train_step [--preset qwen3_1p7b] [--batch 8] [--seq 2048]
-        [--microbatches 4] [--epochs 1] [--kl-coef 0] [--peak-tflops 989] [--json PATH]
+        [--microbatches 4] [--epochs 1] [--kl-coef 0] [--remat] [--peak-tflops 989] [--json PATH]
     python -m benchmarks.train_step --preset tiny        # seconds on a CPU
 
 A random Qwen3 of the preset's shapes (Qwen3-1.7B by default: hidden 2048, 28
@@ -10,7 +10,8 @@ tied embeddings) in the preset's dtype, on a mesh over all local devices
 (``--data``/``--fsdp``/``--tensor``, default all on fsdp). One step is
 `wmrl_jax.train.step`'s full update: ``--epochs`` optimizer updates, each
 accumulating ``--microbatches`` forward+backward passes over ``batch x seq``
-tokens, plus one reference forward when ``--kl-coef`` is non-zero.
+tokens, plus one reference forward when ``--kl-coef`` is non-zero; ``--remat``
+is the step config's ``remat=True`` (per-layer remat and the blocked LM head).
 
 Reported: compile seconds (first call), median step seconds over ``--repeats``
 calls (each waited on), tokens/s (batch x seq / step time, one epoch's tokens),
@@ -82,6 +83,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--microbatches", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument("--remat", action="store_true", help="per-layer remat, blocked head")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     parser.add_argument("--data", type=int, default=1)
     parser.add_argument("--fsdp", type=int, default=None, help="default: devices / (data x tensor)")
@@ -107,6 +109,7 @@ def main(argv=None) -> dict:
     config = step_lib.default_step_config()
     config.num_microbatches, config.num_epochs = micro, args.epochs
     config.loss.kl_coef, config.compute_dtype = args.kl_coef, dtype
+    config.remat = args.remat
     step = step_lib.make_train_step(model.graphdef, optimizer, config, mesh)
     state = step.shard_state(
         state_lib.init_train_state(model.params, optimizer, kl_coef=args.kl_coef)
@@ -154,7 +157,8 @@ def main(argv=None) -> dict:
     }
     print(
         f"train step, preset={args.preset} ({n_params / 1e6:,.1f}M params, {dtype}), "
-        f"batch={batch} seq={seq} micro={micro} epochs={args.epochs} kl={args.kl_coef}, "
+        f"batch={batch} seq={seq} micro={micro} epochs={args.epochs} kl={args.kl_coef} "
+        f"remat={args.remat}, "
         f"{payload['device']} mesh={payload['mesh']} ({platform.processor() or 'cpu'} "
         f"x{os.cpu_count()})"
     )

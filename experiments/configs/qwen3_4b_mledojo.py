@@ -20,9 +20,13 @@ checkpoint, the built-in suite, the local executor, a few seconds on a CPU.
 
 from wmrl_jax.train.config import base_config
 
+# Per-layer remat (and the blocked LM head) in the train step: 8,192-token sequences
+# do not fit on 8 x H200 without it (`--dry_run` prints the plan with and without).
+# Micro-batches: 4 (4B) or 2 (8B / 9B) sequences per device each, about half of
+# the planned free memory, a margin for the estimates on a GPU backend.
 SIZES = {
-    "4b": dict(mesh=(1, 8, 1), micro=8, lr=1e-6),
-    "8b": dict(mesh=(1, 8, 1), micro=16, lr=5e-7),
+    "4b": dict(mesh=(1, 8, 1), micro=4, lr=1e-6, remat=True),
+    "8b": dict(mesh=(1, 8, 1), micro=8, lr=5e-7, remat=True),
 }
 
 
@@ -53,6 +57,7 @@ def mledojo_config(size: str, arg: str | None):
     config.train.num_microbatches = s["micro"]
     config.train.num_epochs = 1
     config.train.compute_dtype = "bfloat16"
+    config.train.remat = s["remat"]
     config.train.loss.kl_coef = 0.0
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = s["mesh"]
     config.checkpoint.every = 10

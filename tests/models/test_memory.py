@@ -87,11 +87,18 @@ def test_cache_bytes_are_init_cache(name, dtype):
     assert memory.cache_bytes_per_row(config, 40, jnp.dtype(dtype).itemsize) * 3 == actual
 
 
-def test_score_bytes_are_the_attention_layers_share():
+def test_score_bytes_dense_then_one_block():
     dense, hybrid = architectures.get("qwen3-4b"), architectures.get("qwen3.5-9b")
-    assert memory.score_bytes(dense, 1024) == 36 * 32 * 1024**2 * memory.SCORE_BYTES
-    assert memory.score_bytes(hybrid, 1024) == 8 * 16 * 1024**2 * memory.SCORE_BYTES
+    # Up to one query block every attention layer keeps its [H, T, T] scores ...
+    assert memory.score_bytes(dense, 512) == 36 * 32 * 512**2 * memory.SCORE_BYTES
+    assert memory.score_bytes(hybrid, 512) == 8 * 16 * 512**2 * memory.SCORE_BYTES
+    # ... beyond it, one block's [H, block, T] exist at a time, in one layer.
+    assert memory.score_bytes(dense, 8192) == 32 * 512 * 8192 * (2 * 2 + 8)  # bf16, backward
+    assert memory.score_bytes(dense, 8192, query_block=8192) == 36 * 32 * 8192**2 * 13
     assert memory.score_bytes(hybrid, 1024) < memory.train_bytes_per_row(hybrid, 1024, 2)
+    # Remat keeps one layer input per layer, not the layers' residuals.
+    plain = memory.train_bytes_per_row(dense, 8192, 2)
+    assert memory.train_bytes_per_row(dense, 8192, 2, remat=True) < plain / 5
 
 
 def test_tensor_axis_splits_heads_it_divides():
@@ -102,41 +109,56 @@ def test_tensor_axis_splits_heads_it_divides():
     assert memory.cache_bytes_per_row(config, 1024, 2, tensor=3) == one
 
 
-def test_attention_estimates_track_xla_buffer_assignment():
-    """Train-step activations and prefill working set against XLA's own temp buffers.
-
-    The estimates lean high (XLA fuses some of what they count); they must not be
-    low by more than a few percent, nor high by more than ~2x, on XLA's CPU backend.
-    """
+def _tiny_dense(vocab=512):
     raw = api.qwen3_config_dict(
-        vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=4, head_dim=16,
     )  # fmt: skip
-    config, rows, tokens = config_from_dict(raw), 2, 512
+    return config_from_dict(raw)
+
+
+# (tokens, remat): dense attention (one block), blocked attention (two blocks of
+# `attention.QUERY_BLOCK`), and blocked attention with per-layer remat and the
+# blocked LM head (a larger vocabulary, so that the head's blocks count).
+@pytest.mark.parametrize("tokens,remat,vocab", [(512, False, 512), (1024, False, 512),
+                                                (1024, True, 4096)])  # fmt: skip
+def test_train_estimates_track_xla_buffer_assignment(tokens, remat, vocab):
+    """Train-step activations against XLA's own temp buffers (CPU backend).
+
+    The estimates lean high (XLA fuses some of what they count); they must not be
+    low by more than a few percent, nor high by more than ~2x.
+    """
+    config, rows = _tiny_dense(vocab), 2
     graphdef, state = api.abstract_split(config, jnp.bfloat16)
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     step_config = step.default_step_config()
-    step_config.compute_dtype = "bfloat16"
+    step_config.compute_dtype, step_config.remat = "bfloat16", remat
     batch = {
         k: jax.ShapeDtypeStruct((rows, tokens) if rank == 2 else (rows,), dtype)
         for k, (rank, dtype) in step.BATCH_SPEC.items()
     }
     grads = jax.jit(lambda p, b: step.loss_and_grads(graphdef, p, b, config=step_config)[1])
     xla = grads.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
-    ratio = rows * memory.train_bytes_per_row(config, tokens, 2) / xla
+    ratio = rows * memory.train_bytes_per_row(config, tokens, 2, remat=remat) / xla
     assert 0.95 <= ratio <= 1.8, ratio
 
-    prompt = tokens // 2
+
+@pytest.mark.parametrize("prompt,slots", [(256, 512), (1024, 1536)])
+def test_prefill_estimates_track_xla_buffer_assignment(prompt, slots):
+    """A prefill into a cache: dense attention, then query blocks (1024 > QUERY_BLOCK)."""
+    config, rows = _tiny_dense(), 2
+    graphdef, state = api.abstract_split(config, jnp.bfloat16)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
 
     def prefill(p, ids):
         model = nnx.merge(graphdef, p)
-        cache = model.init_cache(rows, tokens, jnp.bfloat16)
-        mask = jnp.ones((rows, prompt, tokens), bool)
+        cache = model.init_cache(rows, slots, jnp.bfloat16)
+        mask = jnp.ones((rows, prompt, slots), bool)
         return model(ids, jnp.zeros_like(ids), mask, cache, 0, last_only=True)
 
     ids = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
     xla = jax.jit(prefill).lower(params, ids).compile().memory_analysis().temp_size_in_bytes
-    ratio = rows * memory.prefill_bytes_per_row(config, prompt, tokens, 2) / xla
+    ratio = rows * memory.prefill_bytes_per_row(config, prompt, slots, 2) / xla
     assert 0.85 <= ratio <= 2.0, ratio
 
 

@@ -26,12 +26,15 @@ def test_workload_reads_the_config():
     w = _workload()
     assert (w.rollout_rows, w.prompt_tokens, w.new_tokens) == (128, 4096, 4096)
     assert w.wm_prompt == 4096 + 3 * 4096 and w.wm_rows == 512
-    assert (w.param_dtype, w.microbatches, w.reference, w.frozen_wm) == (
+    micro = qwen3_4b_mledojo.SIZES["4b"]["micro"]
+    assert (w.param_dtype, w.microbatches, w.reference, w.frozen_wm, w.remat) == (
         "bfloat16",
-        8,
+        micro,
         False,
         False,
+        True,
     )
+    assert not _workload(**{"train.remat": False}).remat
 
 
 def test_resident_state_per_device():
@@ -65,7 +68,8 @@ def test_resident_state_per_device():
 
 def test_generation_rows_fill_the_free_memory():
     p = memory.plan(architectures.get("qwen3.5-9b"), _workload(), FSDP8, H200)
-    assert p.batch_sizes() == {"rollout": 8 * p.gen_rows, "wm": 8 * p.wm_rows}
+    # Capped at the rows there are: 128 rollouts, 512 world-model rows, over 8 devices.
+    assert p.batch_sizes() == {"rollout": 8 * min(p.gen_rows, 16), "wm": 8 * min(p.wm_rows, 64)}
     free = H200.usable - sum(p.resident.values())
     assert p.gen_rows >= 1 and p.gen_rows * p.gen_row <= free < (p.gen_rows + 1) * p.gen_row
     assert p.wm_rows * p.wm_row <= free < (p.wm_rows + 1) * p.wm_row
@@ -77,29 +81,61 @@ def _bound(problem: str, pattern: str) -> int:
     return int(re.search(pattern, problem).group(1))
 
 
-def test_the_named_knobs_are_the_boundary():
-    arch, w = architectures.get("qwen3-8b"), _workload()
-    p = memory.plan(arch, w, FSDP8, H200)
-    assert not p.fits and not p.train_fits and p.gen_rows >= 1
-    (problem,) = [q for q in p.problems if q.startswith("training")]
-    assert "config.train.num_microbatches=16" in problem
+def _device(usable: float) -> memory.Device:
+    return memory.Device("test", usable, usable)
+
+
+def _problem(p: memory.MemoryPlan, part: str) -> str:
+    (problem,) = [q for q in p.problems if q.startswith(part)]
+    return problem
+
+
+def test_train_knobs_are_the_boundary():
+    """Each fix the plan names fits, and the next smaller change does not."""
+    arch = architectures.get("qwen3-8b")
+    plain = dataclasses.replace(_workload(), remat=False, microbatches=1)  # 16 rows per device
+    p = memory.plan(arch, plain, FSDP8, H200)
+    fixed = sum(p.resident.values()) + p.grads
+
+    def fits(usable, **changes):
+        w = dataclasses.replace(plain, **changes)
+        return memory.plan(arch, w, FSDP8, _device(usable)).train_fits
+
+    # Room for one plain sequence: one row per micro-batch.
+    usable = fixed + 1.5 * p.train_row
+    problem = _problem(memory.plan(arch, plain, FSDP8, _device(usable)), "training")
+    assert "config.train.num_microbatches=16)" in problem
+    assert fits(usable, microbatches=16) and not fits(usable, microbatches=8)
+    # Room for a few rematerialised sequences, not one plain one: remat, then micro-batches.
+    usable = fixed + 2.5 * p.train_row_remat
+    problem = _problem(memory.plan(arch, plain, FSDP8, _device(usable)), "training")
+    assert "config.train.remat=True with config.train.num_microbatches=8" in problem
+    assert fits(usable, remat=True, microbatches=8) and not fits(usable, remat=True, microbatches=4)
+    # Not even one rematerialised sequence: shorter ones, one per micro-batch.
+    usable = fixed + 0.3 * p.train_row_remat
+    problem = _problem(memory.plan(arch, plain, FSDP8, _device(usable)), "training")
+    assert "config.train.remat=True, config.train.num_microbatches=16 with" in problem
     total = _bound(problem, r"max_new_tokens <= (\d+)")
 
-    def train_fits(n):
-        shorter = dataclasses.replace(
-            w, microbatches=16, prompt_tokens=n - n // 2, new_tokens=n // 2
+    def shorter(n):
+        return fits(
+            usable, remat=True, microbatches=16, prompt_tokens=n - n // 2, new_tokens=n // 2
         )
-        return memory.plan(arch, shorter, FSDP8, H200).train_fits
 
-    assert train_fits(total) and not train_fits(total + 1)
+    assert shorter(total) and not shorter(total + 1)
 
-    arch = architectures.get("qwen3-4b")
-    (problem,) = [q for q in memory.plan(arch, w, FSDP8, H200).problems if "world model" in q]
+
+def test_world_model_knobs_are_the_boundary():
+    arch, w = architectures.get("qwen3-4b"), _workload()
+    p = memory.plan(arch, w, FSDP8, H200)
+    one_anchor = memory.plan(arch, dataclasses.replace(w, anchors_per_task=1), FSDP8, H200)
+    device = _device(sum(p.resident.values()) + (p.wm_row + one_anchor.wm_row) / 2)
+    problem = _problem(memory.plan(arch, w, FSDP8, device), "world model")
     assert "config.agent.text.anchors_per_task<=1" in problem
     m = _bound(problem, r"max_new_tokens<=(\d+)")
     for new, rows in ((m, 1), (m + 1, 0)):
         assert (
-            memory.plan(arch, dataclasses.replace(w, new_tokens=new), FSDP8, H200).wm_rows == rows
+            memory.plan(arch, dataclasses.replace(w, new_tokens=new), FSDP8, device).wm_rows == rows
         )
 
 
@@ -111,7 +147,8 @@ def test_a_plan_that_fits_and_rows_that_do_not_split():
     assert "batch_size=128 of 128" in p.format()
     assert p.batch_sizes() == {"rollout": 128, "wm": min(p.wm_rows, 64) * 8}
     odd = memory.plan(architectures.get("qwen3-4b"), _workload(**small), {"fsdp": 3}, H200)
-    assert any("config.train.num_microbatches=8 x 3" in q for q in odd.problems)
+    micro = qwen3_4b_mledojo.SIZES["4b"]["micro"]
+    assert any(f"config.train.num_microbatches={micro} x 3" in q for q in odd.problems)
 
 
 def test_resident_state_alone_too_large():
@@ -193,7 +230,12 @@ def test_plan_run_reads_the_architecture_from_a_checkpoint_directory():
 
 def test_the_named_mesh_is_the_smallest_fsdp_that_fits():
     arch = architectures.get("qwen3.5-9b")
-    short = {"agent.text.max_prompt_tokens": 1536, "agent.text.max_new_tokens": 1024}
+    short = {
+        "agent.text.max_prompt_tokens": 1536,
+        "agent.text.max_new_tokens": 1024,
+        "train.remat": False,
+        "train.num_microbatches": 8,
+    }
     w = _workload(**short)
     (problem,) = memory.plan(arch, w, {"fsdp": 4}, H200).problems
     assert problem.endswith("or config.mesh.fsdp=16)")

@@ -13,16 +13,26 @@ kinds of number come out:
   the Gated DeltaNet layers, as `init_cache` allocates them.
 * **Estimates**: the transient memory of a forward (`prefill_bytes_per_row`) and
   the activations a backward pass keeps (`train_bytes_per_row`). Both follow
-  the code as written: attention materialises its scores [H, T, S] (float32
-  scores plus the einsum output and the probabilities in the compute dtype),
-  the softmax output (float32) and probabilities are residuals of the backward
-  pass, the LM head's float32 logits exist for every position in training, and
-  the chunked gated delta rule keeps float32 per-token tensors, C x C chunk
-  matrices and one state per chunk. The per-element coefficients are checked
-  against XLA's own buffer assignment (`compiled.memory_analysis()`) of the train
-  step, the prefill and the delta rule on the CPU backend, where the estimates
-  come out 0.97x to 1.24x of XLA's temporaries; a GPU backend fuses more, so they
-  lean high there. Remat is an estimate of a step that does not exist yet.
+  the code as written. Attention (`models.attention.attend`) is dense up to
+  `QUERY_BLOCK` queries -- its [H, T, S] scores (float32 scores plus the einsum
+  output and the probabilities in the compute dtype) are then residuals of the
+  backward pass -- and beyond that runs one block of queries at a time, keeping
+  only the queries and the mask and recomputing one block's scores in the
+  backward pass. Without remat every layer keeps its residuals and the LM head's
+  float32 logits exist for every position; with remat (the train step's
+  ``remat=True``) each layer keeps its input only, one layer's residuals are
+  rebuilt at a time and the head runs in `TOKEN_BLOCK` blocks. The chunked gated
+  delta rule keeps float32 per-token tensors, C x C chunk matrices and one state
+  per chunk. The per-element coefficients are checked against XLA's own buffer
+  assignment (`compiled.memory_analysis()`) of the train step (dense, blocked,
+  blocked with remat), the prefill (dense and blocked) and the delta rule on the
+  CPU backend (tests/models/test_memory.py; 0.97x to 1.28x of XLA's temporaries
+  at 2 layers); a GPU backend fuses more, so they lean high there. Caveat: the
+  saving of remat across layers is this module's model of a memory-aware
+  schedule. XLA's CPU buffer assignment does not show it (its temporaries grow
+  by the same ~10 MiB per layer and sequence of 1,024 tokens with and without
+  remat, at 4 and 8 layers: its scheduler runs the recomputations early); it is
+  not yet measured on a GPU.
 
 Example:
     >>> shapes = param_shapes(config)
@@ -38,7 +48,9 @@ from collections.abc import Mapping
 from jax.sharding import AbstractMesh
 
 from wmrl_jax.models import sharding
+from wmrl_jax.models.attention import QUERY_BLOCK
 from wmrl_jax.models.config import Qwen3Config
+from wmrl_jax.models.lm_head import TOKEN_BLOCK
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 
 Path = tuple
@@ -208,32 +220,67 @@ def cache_bytes_per_row(config: DecoderConfig, slots: int, dtype_bytes: int, ten
     return total
 
 
-# Bytes per attention score (one head, one query, one slot) that a layer holds: the
-# q.k einsum output, its float32 masked copy, the float32 softmax output (a residual
-# of its VJP), the probabilities in the compute dtype and the mask. XLA's buffer
-# assignment of the train step and the prefill gives 13 for bfloat16 and float32
-# compute alike (the casts of float32 are no-ops, and fusion absorbs the others).
+# Bytes per attention score (one head, one query, one slot) that a block of
+# queries holds while its softmax runs: the q.k einsum output, its float32 masked
+# copy, the float32 softmax output, the probabilities in the compute dtype and the
+# mask. XLA's buffer assignment gives 13 for bfloat16 and float32 compute alike
+# (the casts of float32 are no-ops, and fusion absorbs the others).
 SCORE_BYTES = 13
 
 
 def _score_cotangent_bytes(b: int) -> int:
-    """One layer's backward working set per score: d(probs) (b) and d(scores) (4)."""
+    """The backward working set per score: d(probs) (b) and d(scores) (4)."""
     return b + 4
 
 
-def score_bytes(config: DecoderConfig, tokens: int, tensor: int = 1) -> int:
-    """What the attention layers' [H, T, T] scores alone keep in a training pass, one sequence.
+# Bytes per score of one query block inside `attention.attend`'s map, where XLA
+# fuses more than in the dense layer: the forward holds the scores in float32 and
+# two arrays in the compute dtype (b); the backward's recomputed block and its
+# cotangents four more bytes. Measured with XLA's buffer assignment as the
+# marginal bytes per score when the block doubles: 8.0 and 10.2-12.1 in bfloat16,
+# 12-16 and 16.0 in float32.
+def _block_score_bytes(b: int, grad: bool) -> int:
+    return 2 * b + (8 if grad else 4)
 
-    The share of `train_bytes_per_row` that a fused attention kernel would not hold.
+
+def _query_rows(queries: int, query_block: int) -> int:
+    """Query rows whose scores exist at once: all of them, or one block (`attention.attend`)."""
+    return queries if queries <= query_block else query_block
+
+
+def score_bytes(
+    config: DecoderConfig,
+    tokens: int,
+    tensor: int = 1,
+    *,
+    compute_bytes: int = 2,
+    query_block: int = QUERY_BLOCK,
+) -> int:
+    """Bytes of attention scores alive at once in a training pass, one sequence.
+
+    Up to `query_block` tokens, attention is dense and every attention layer keeps
+    its [H, T, T] scores for the backward pass; beyond it, `attention.attend`
+    keeps none and one block's [H, block, T] (recomputed, with cotangents) exist
+    at a time.
     """
-    layers = layer_kinds(config).count("full_attention")
-    return layers * _attention_scores(config, tokens, tokens, tensor)
-
-
-def _attention_scores(config: DecoderConfig, queries: int, slots: int, tensor: int) -> int:
-    """Live bytes of one attention layer's scores [H, queries, slots] (see `SCORE_BYTES`)."""
     heads = _split(config.num_attention_heads, tensor)
-    return heads * queries * slots * SCORE_BYTES
+    if tokens <= query_block:
+        layers = layer_kinds(config).count("full_attention")
+        return layers * heads * tokens * tokens * SCORE_BYTES
+    return heads * query_block * tokens * _block_score_bytes(compute_bytes, grad=True)
+
+
+def _attention_scores(
+    config: DecoderConfig, queries: int, slots: int, tensor: int, query_block: int, b: int = 2
+) -> int:
+    """Live bytes of one attention layer's scores [H, rows, slots] in a forward pass.
+
+    `SCORE_BYTES` per score when dense, `_block_score_bytes` per score of one block.
+    """
+    heads = _split(config.num_attention_heads, tensor)
+    if queries <= query_block:
+        return heads * queries * slots * SCORE_BYTES
+    return heads * query_block * slots * _block_score_bytes(b, grad=False)
 
 
 # Float32 [C, C] matrices per chunk and value head that the chunked gated delta rule
@@ -264,28 +311,37 @@ def delta_rule_bytes(config: Qwen3_5Config, tokens: int, tensor: int = 1, *, gra
 
 
 def prefill_bytes_per_row(
-    config: DecoderConfig, prompt: int, slots: int, compute_bytes: int, tensor: int = 1
+    config: DecoderConfig,
+    prompt: int,
+    slots: int,
+    compute_bytes: int,
+    tensor: int = 1,
+    *,
+    query_block: int = QUERY_BLOCK,
 ) -> int:
     """Estimated transient bytes of one sequence's prefill (no gradient), on one device.
 
     The peak is one layer at a time: the larger of its token mixer's working set
-    (attention scores [H, prompt, slots], or the chunked delta rule's tensors)
-    and the MLP's [prompt, 3 F], on top of a few hidden-state copies [prompt, hidden].
-    The LM head runs on the last position only.
+    (attention scores [H, rows, slots] for one block of query rows, or the chunked
+    delta rule's tensors) and the MLP's [prompt, 3 F], on top of a few hidden-state
+    copies [prompt, hidden] and the [prompt, slots] mask. The LM head runs on the
+    last position only.
     """
     c = config
     hidden = 4 * prompt * c.hidden_size * compute_bytes
     mlp = 3 * prompt * _split(c.intermediate_size, tensor) * compute_bytes
     mixers = [
-        _attention_scores(c, prompt, slots, tensor)
+        _attention_scores(c, prompt, slots, tensor, query_block, compute_bytes)
         if kind == "full_attention"
         else delta_rule_bytes(c, prompt, tensor, grad=False)
         for kind in set(layer_kinds(c))
     ]
-    return hidden + max(mlp, *mixers) + 4 * 4 * c.vocab_size
+    return hidden + prompt * slots + max(mlp, *mixers) + 4 * 4 * c.vocab_size
 
 
-def _layer_bytes(config: DecoderConfig, kind: str, tokens: int, b: int, tensor: int):
+def _layer_bytes(
+    config: DecoderConfig, kind: str, tokens: int, b: int, tensor: int, query_block: int
+):
     """(residuals kept for the backward pass, backward working set) of one layer, one sequence."""
     c = config
     f = _split(c.intermediate_size, tensor)
@@ -295,32 +351,56 @@ def _layer_bytes(config: DecoderConfig, kind: str, tokens: int, b: int, tensor: 
         heads, kv = _split(c.num_attention_heads, tensor), _split(c.num_key_value_heads, tensor)
         gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
         proj = tokens * c.head_dim * (heads * (gate + 2) + 4 * kv) * b
-        scores = heads * tokens * tokens
-        return dense + proj + scores * SCORE_BYTES, dense + scores * _score_cotangent_bytes(b)
+        rows = _query_rows(tokens, query_block)
+        scores = heads * rows * tokens
+        if rows == tokens:  # dense: the scores are residuals; the backward adds cotangents
+            return dense + proj + scores * SCORE_BYTES, dense + scores * _score_cotangent_bytes(b)
+        # Blocked: the queries in blocks and the mask are kept; the backward pass
+        # recomputes one block's scores and takes their cotangents.
+        blocks = heads * tokens * c.head_dim * b + tokens * tokens
+        return dense + proj + blocks, dense + scores * _block_score_bytes(b, grad=True)
     channels = _split(c.conv_dim, tensor) + _split(c.linear_value_dim, tensor)
     proj = tokens * channels * (2 * b + 4)  # projections, conv output, gate z
     delta = delta_rule_bytes(c, tokens, tensor, grad=True)
     return dense + proj + delta, dense + delta
 
 
+# Float32 [block, V] arrays of the blocked LM head alive at once in its backward
+# pass: the recomputed logits, their log-softmax and its exponential, a cotangent.
+HEAD_BLOCK_ARRAYS = 4
+
+
 def train_bytes_per_row(
-    config: DecoderConfig, tokens: int, compute_bytes: int, tensor: int = 1, remat: bool = False
+    config: DecoderConfig,
+    tokens: int,
+    compute_bytes: int,
+    tensor: int = 1,
+    remat: bool = False,
+    *,
+    query_block: int = QUERY_BLOCK,
+    token_block: int = TOKEN_BLOCK,
 ) -> int:
     """Estimated activation bytes of one sequence in a training forward + backward.
 
-    Without remat every layer keeps its residuals until its backward runs; with
-    remat (per-layer rematerialisation) only each layer's input [tokens, hidden]
-    is kept and one layer's residuals are rebuilt at a time. On top: one layer's
-    backward working set (the cotangents of its largest arrays) and the float32
-    logits [tokens, V] with the log-softmax and entropy terms computed from them
-    (four such arrays).
+    Without remat every layer keeps its residuals until its backward runs, and the
+    float32 logits [tokens, V] exist whole, with the log-softmax and entropy terms
+    computed from them (four such arrays). With remat (`train.step`'s
+    ``remat=True``: per-layer rematerialisation and a blocked LM head) only each
+    layer's input [tokens, hidden] is kept, one layer's residuals are rebuilt at
+    a time, and the head holds `HEAD_BLOCK_ARRAYS` float32 [token_block, V]
+    arrays. On top: one layer's backward working set (the cotangents of its
+    largest arrays, or one query block's recomputed scores) and the mask.
     """
     c = config
-    layers = [_layer_bytes(c, kind, tokens, compute_bytes, tensor) for kind in layer_kinds(c)]
+    layers = [
+        _layer_bytes(c, kind, tokens, compute_bytes, tensor, query_block) for kind in layer_kinds(c)
+    ]
     residuals = [r for r, _ in layers]
     if remat:
         kept = len(layers) * tokens * c.hidden_size * compute_bytes + max(residuals)
+        logits = HEAD_BLOCK_ARRAYS * min(tokens, token_block) * c.vocab_size * 4
+        logits += 2 * tokens * c.hidden_size * compute_bytes  # the head's input and its cotangent
     else:
         kept = sum(residuals)
-    logits = 4 * tokens * c.vocab_size * 4
-    return kept + max(work for _, work in layers) + logits
+        logits = 4 * tokens * c.vocab_size * 4
+    return kept + max(work for _, work in layers) + logits + tokens * tokens

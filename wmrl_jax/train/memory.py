@@ -161,8 +161,8 @@ class MemoryPlan:
     gen_row: float  # cache + prefill, one rollout sequence
     wm_row: float  # cache + prefill, one world-model sequence
     train_row: float  # activations, one training sequence
-    train_row_remat: float
-    train_row_scores: float  # the attention scores' share of train_row
+    train_row_remat: float  # with per-layer remat and the blocked LM head
+    train_row_plain: float  # without them
     train_rows: int  # training rows per device per micro-batch
     gen_rows: int  # largest rollout rows per device
     wm_rows: int  # largest world-model rows per device
@@ -212,10 +212,10 @@ class MemoryPlan:
             size = sizes[role] if per_device else 0
             return f"  -> {per_device} per device, batch_size={size} of {rows}"
 
-        scores = f"  (attention scores {self.train_row_scores / GIB:.1f} GiB"
-        remat = scores + (
-            ")" if w.remat else f"; with remat: {self.train_row_remat / GIB:.1f} GiB)"
-        )
+        remat = (
+            f"  (remat; without: {self.train_row_plain / GIB:.1f} GiB)" if w.remat
+            else f"  (no remat; with remat: {self.train_row_remat / GIB:.1f} GiB)"
+        )  # fmt: skip
         shown = ", ".join(f"{a}={self.mesh[a]}" for a in AXES)
         lines = [
             f"memory plan per device: {self.device.name}, mesh {shown}",
@@ -310,7 +310,7 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         wm_row=wm_row,
         train_row=model_memory.train_bytes_per_row(config, tokens, cb, t, w.remat),
         train_row_remat=model_memory.train_bytes_per_row(config, tokens, cb, t, True),
-        train_row_scores=model_memory.score_bytes(config, tokens, t),
+        train_row_plain=model_memory.train_bytes_per_row(config, tokens, cb, t, False),
         train_rows=-(-w.rollout_rows // (w.microbatches * mesh["data"] * mesh["fsdp"])),
         gen_rows=_rows(free, gen_row),
         wm_rows=_rows(free, wm_row),
@@ -394,7 +394,8 @@ def _shorter(config, w: Workload, p: MemoryPlan, part: str) -> str:
 
 
 def _train_fix(config, w: Workload, p: MemoryPlan) -> str:
-    """More micro-batches if that is enough, else one row each and shorter sequences."""
+    """The cheapest fix: more micro-batches, then remat (and more micro-batches with it),
+    else one row per micro-batch and shorter sequences."""
     fixed = sum(p.resident.values()) + p.grads
     if fixed >= p.device.usable:
         return (
@@ -403,16 +404,25 @@ def _train_fix(config, w: Workload, p: MemoryPlan) -> str:
             "XLA_PYTHON_CLIENT_MEM_FRACTION"
         )
     per_device = max(w.rollout_rows // p.batch_devices, 1)
-    more = (k for k in range(w.microbatches + 1, per_device + 1) if per_device % k == 0)
-    micro = next((k for k in more if _ok_with(config, p, "train", microbatches=k)), None)
-    if micro:
-        fix = f"config.train.num_microbatches={micro}"
-    else:
-        shorter = _shorter(config, dataclasses.replace(w, microbatches=per_device), p, "train")
-        fix = f"config.train.num_microbatches={per_device} with {shorter}"
+
+    def micro(work: Workload) -> int | None:
+        """The fewest micro-batches (dividing the rows) with which `work` trains."""
+        more = (k for k in range(work.microbatches + 1, per_device + 1) if per_device % k == 0)
+        fit = (k for k in more if _ok(config, dataclasses.replace(work, microbatches=k), p.mesh,
+                                      p.device, "train"))  # fmt: skip
+        return next(fit, None)
+
+    k = micro(w)
+    if k:
+        return f"config.train.num_microbatches={k}"
+    remat = ""
     if not w.remat:
-        fix += (
-            f" (per-layer remat, not in the train step yet, would need "
-            f"{p.train_row_remat / GIB:.0f} GiB per sequence)"
-        )
-    return fix
+        remat, w = "config.train.remat=True", dataclasses.replace(w, remat=True)
+        if _ok(config, w, p.mesh, p.device, "train"):
+            return remat
+        k = micro(w)
+        if k:
+            return f"{remat} with config.train.num_microbatches={k}"
+        remat += ", "
+    shorter = _shorter(config, dataclasses.replace(w, microbatches=per_device), p, "train")
+    return f"{remat}config.train.num_microbatches={per_device} with {shorter}"
