@@ -10,6 +10,15 @@ plots into ``--workdir``. Libraries' INFO logs (orbax, absl) are off unless
 From an installed wheel (this file is not part of the package), run it as a
 script: ``python path/to/experiments/train.py --config=path/to/config.py``.
 
+On several hosts, run the same command on each, told its place by
+``config.distributed``, ``WMRL_COORDINATOR`` / ``WMRL_NUM_PROCESSES`` /
+``WMRL_PROCESS_ID``, a Kubernetes Indexed Job or SLURM (`launch/`); they join
+`jax.distributed` before anything else and train as one run, process 0 executing
+the anchors and writing the files (`wmrl_jax.train.multihost`):
+
+    WMRL_COORDINATOR=host0:61234 WMRL_NUM_PROCESSES=2 WMRL_PROCESS_ID=0 \
+        python -m experiments.train --config=... --workdir=/shared/run
+
 ``--dry_run`` loads the config only (no weights, no tasks), prints the memory
 plan per device of a text-agent run (`wmrl_jax.train.memory`) and exits 0 when
 it fits, 1 with the knob to change when it does not:
@@ -34,7 +43,7 @@ from wmrl_jax.envs.grading import TaskError
 from wmrl_jax.envs.task import ManifestError
 from wmrl_jax.models import architectures
 from wmrl_jax.sandbox.files import InputError
-from wmrl_jax.train import loop, memory, mesh, summary
+from wmrl_jax.train import distributed, loop, memory, mesh, multihost, summary
 from wmrl_jax.train.checkpoint import CheckpointError
 from wmrl_jax.train.config import ConfigError
 
@@ -86,11 +95,13 @@ def main(argv):
             sys.exit(1)
         return
     try:
+        multihost.join(_CONFIG.value)  # Several processes: before any other JAX call.
         result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
     except USER_ERRORS as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
-    print(summary.write_run_report(result, _WORKDIR.value))
+    if distributed.is_primary():  # The report is process 0's; the others only trained.
+        print(summary.write_run_report(result, _WORKDIR.value))
     logging.info("Wrote %s", _WORKDIR.value)
 
 

@@ -22,6 +22,12 @@ One step (`Trainer._step`, its stages in `wmrl_jax.train.stages`):
    updates the policy;
 6. the ledger, metrics, step hooks, checkpoints and (every `eval_every`
    steps) a held-out evaluation (`wmrl_jax.train.evaluation`).
+
+Across processes (`config.distributed`, or a launcher's environment) every
+process runs this same loop on one mesh spanning all of them, with the same
+batch; anchors and evaluations are executed by process 0 and their outcomes
+sent to the others, the ledger's seconds are process 0's, files are written by
+process 0 and checkpoints by all together (`wmrl_jax.train.multihost`).
 """
 
 from __future__ import annotations
@@ -37,11 +43,11 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.train import arms, builder, cost, distributed, stages
+from wmrl_jax.train import arms, builder, cost, distributed, multihost, stages
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
-from wmrl_jax.train.config import ConfigError, validate_config
+from wmrl_jax.train.config import validate_config
 from wmrl_jax.train.console import Console
 from wmrl_jax.train.evaluation import evaluate
 from wmrl_jax.train.execution import Runner
@@ -98,18 +104,21 @@ class Trainer:
         console: bool = False,
     ):
         validate_config(config)
-        _single_host(config)
+        multihost.join(config)  # Several processes: all of them, from here on.
+        primary = distributed.is_primary()
         mesh_lib.check_mesh(config.mesh, jax.devices())  # a ConfigError before any work
         self.config, self.workdir = config, workdir
         self.arm = arms.get(config.arm)
         self.hooks = tuple(hooks)
-        self.console = Console(enabled=console)
+        self.console = Console(enabled=console and primary)
         builder.check_workdir(workdir)
         if config.tasks.source == "builtin":
             self.console.note("tasks: the built-in suite (built once per version, a few minutes)")
-        self.tasks = builder.load_tasks(config)
+        with multihost.primary_first("tasks"):  # A suite built once, then read.
+            self.tasks = builder.load_tasks(config)
         self.key, model_key = jax.random.split(jax.random.key(config.seed))
         self.mesh = step_lib.make_mesh_from_config(config.mesh)
+        multihost.check_mesh(self.mesh)
         # Device-seconds are charged on accelerators only: wall seconds x the mesh's chips.
         self.accelerators = 0 if jax.default_backend() == "cpu" else int(self.mesh.devices.size)
         batch_sizes = None
@@ -120,14 +129,14 @@ class Trainer:
             config, self.tasks, model_key, mesh=self.mesh, batch_sizes=batch_sizes
         )
         self.agent = self.built.agent
-        if outcomes is None:
+        environment = ""
+        if outcomes is None and primary:  # Only process 0 executes (`multihost`).
             self.console.note(f"outcomes: executor {config.executor.kind}")
-            outcomes, self.environment = builder.make_outcomes(config)
-        else:
-            self.environment = type(outcomes).__name__
-        self.source = outcomes
+            outcomes, environment = builder.make_outcomes(config)
+        self.source = multihost.SharedOutcomes(outcomes, environment=environment)
+        self.environment = self.source.environment
         self.runner = Runner(
-            outcomes, retries=config.executor.infra_retries,
+            self.source, retries=config.executor.infra_retries,
             on_infra_error=config.executor.on_infra_error, cache=config.executor.cache,
             seed=config.seed,
         )  # fmt: skip
@@ -188,10 +197,11 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, float]:
         key = jax.random.fold_in(self.key, -1 % 2**31)  # The same draws at every evaluation.
-        return evaluate(
-            self.agent, self.state.params, self.tasks.heldout, self.source,
+        result = evaluate(
+            self.agent, self.state.params, self.tasks.heldout, self.source.evaluation_source(),
             samples=self.config.eval_samples, key=key,
         )  # fmt: skip
+        return multihost.agree(result)  # Executed on process 0.
 
     # -- checkpoints -------------------------------------------------------
     def _maybe_restore(self) -> int:
@@ -276,7 +286,9 @@ class Trainer:
         self._collect(record, pending, timing)
         self._correct_rewards(record)
         metrics = self._update(record, k_train, timing)
-        record.ledger = timing.ledger().with_device_seconds(self.accelerators)
+        # Process 0's seconds: the compute budget stops every process at the same step.
+        ledger = timing.ledger().with_device_seconds(self.accelerators)
+        record.ledger = Ledger.from_dict(multihost.agree(ledger.to_dict()))
         self.ledger = self.ledger.add(record.ledger)
         metrics.update(stages.step_metrics(record, self.arm))
         metrics.update({f"ledger/{k}": float(v) for k, v in self.ledger.to_dict().items()})
@@ -325,7 +337,7 @@ class Trainer:
 
     def _collect(self, record: StepRecord, pending: dict, timing: LedgerStep) -> None:
         g, programs = record.group_size, record.rollout.programs
-        got = self.runner.collect(pending, record.tasks, programs, g)
+        got = self.source.exchange(lambda: self.runner.collect(pending, record.tasks, programs, g))
         record.outcomes, record.exec_counts = got.outcomes, got.counts
         record.partner = stages.partner_rewards(got.partners, record.num_rows)
         for i, out in record.outcomes.items():  # In-context anchors for later WM prompts.
@@ -387,6 +399,8 @@ class Trainer:
             rows += float(aux_rows.sum())
         epochs = c.train.num_epochs
         timing.add(train_tokens=trained * epochs, train_rows=rows * epochs)
+        if jax.process_count() > 1:  # The same batch everywhere: each process gives its rows.
+            batch = multihost.place_batch(batch, self.train_step)
         with timing.timed("train_seconds"):
             self.state, train_metrics = self.train_step(self.state, batch, key)
             train_metrics = jax.device_get(train_metrics)
@@ -403,8 +417,11 @@ class Trainer:
         c = self.config
         last = c.num_steps if until is None else min(until, c.num_steps)
         schedule = EvalSchedule(c)
-        writer = MetricWriter(
+        primary = distributed.is_primary()
+        writer = MetricWriter(  # Files of process 0 only (elsewhere it writes nothing).
             self.workdir,
+            tensorboard=primary,
+            jsonl=primary,
             resume_step=self.start_step or None,
             # No checkpoint yet: whatever an earlier, unfinished run logged is stale.
             overwrite=self.start_step == 0,
@@ -442,9 +459,12 @@ class Trainer:
 
     def export_policy(self, out_dir: str) -> str:
         """Writes the current policy as a Hugging Face directory (config.json + safetensors,
-        and the tokenizer when the agent has one)."""
+        and the tokenizer when the agent has one); process 0 writes, all gather."""
+        params = multihost.gather(self.state.params)
+        if not distributed.is_primary():
+            return out_dir
         return export_hf(
-            self.built.graphdef, self.state.params, self.built.raw_config, out_dir,
+            self.built.graphdef, params, self.built.raw_config, out_dir,
             tokenizer=self.agent.tokenizer, overwrite=True,
         )  # fmt: skip
 
@@ -468,21 +488,6 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.source.close()
-
-
-def _single_host(config: ml_collections.ConfigDict) -> None:
-    """Refuses a multi-process layout: the loop does not yet execute anchors and write
-    files on process 0 only, so N processes would be N runs fighting over one workdir."""
-    try:
-        spec = distributed.resolve(config.distributed)
-    except ValueError as e:
-        raise ConfigError(f"config.distributed: {e}") from e
-    if spec.num_processes > 1:
-        raise ConfigError(
-            f"this is process {spec.process_id} of {spec.num_processes} (from {spec.source}): "
-            "the trainer runs on one host so far; launch a single process "
-            "(the multi-host pieces are in wmrl_jax.train.distributed)"
-        )
 
 
 class EvalSchedule:

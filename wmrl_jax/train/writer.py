@@ -22,13 +22,15 @@ Example:
     >>> writer.close()
 """
 
+import contextlib
 import glob
 import json
 import math
 import os
 import struct
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -37,6 +39,24 @@ __all__ = ["MetricWriter", "read_jsonl", "read_tensorboard_scalars"]
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 _INF = {"Infinity": math.inf, "-Infinity": -math.inf}
+
+
+@contextlib.contextmanager
+def _without_torch() -> Iterator[None]:
+    """Imports within the block see no torch, unless it is imported already.
+
+    tensorboardX imports torch whenever it is installed, only to recognise its
+    tensors; we log Python floats, and a torch import costs seconds of start-up
+    (more on a loaded machine) in every process that writes metrics.
+    """
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which it catches.
+    try:
+        yield
+    finally:
+        del sys.modules["torch"]
 
 
 def _encode(value) -> int | float | str | None:
@@ -135,7 +155,8 @@ class MetricWriter:
             self._jsonl = open(path, "a", encoding="utf-8")  # closed in close()
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
+            with _without_torch():
+                from tensorboardX import SummaryWriter
 
             self._tb = SummaryWriter(
                 os.path.join(self.workdir, TENSORBOARD_DIR),
@@ -231,7 +252,8 @@ def read_tensorboard_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[
     Returns:
         tag -> [(step, value), ...] sorted by step.
     """
-    from tensorboardX.proto import event_pb2
+    with _without_torch():
+        from tensorboardX.proto import event_pb2
 
     logdir = os.fspath(logdir)
     if os.path.isdir(os.path.join(logdir, TENSORBOARD_DIR)):
