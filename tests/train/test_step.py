@@ -231,7 +231,6 @@ def test_kl_without_reference_raises(model, mesh):
         (dict(loss=dict(clip_low=1.0)), "clip_low"),
         (dict(loss=dict(kl_coef=-1.0)), "kl_coef"),
         (dict(loss=dict(aggregation="seq_sum_norm", norm_constant=0.0)), "norm_constant"),
-        (dict(remat="yes"), "remat"),
     ],
 )
 def test_bad_step_configs(model, mesh, overrides, match):
