@@ -155,6 +155,7 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.train.num_microbatches = 1
     config.train.num_epochs = 2
     config.train.compute_dtype = "float32"
+    config.train.remat = False  # Per-layer remat and the blocked LM head in the train step.
     config.train.loss = ml_collections.ConfigDict()
     config.train.loss.clip_low = 0.2
     config.train.loss.clip_high = 0.28
