@@ -16,9 +16,10 @@ def _dry_run(config: str, *flags: str) -> subprocess.CompletedProcess:
 
 
 def test_a_run_that_does_not_fit_exits_1_naming_the_knob(tmp_path):
+    # The config fits with its per-layer remat; without it, training does not.
     proc = _dry_run(
         "experiments/configs/qwen3_8b_mledojo.py", "--dry_run_model=qwen3-8b",
-        "--dry_run_device=h200", f"--workdir={tmp_path}",
+        "--dry_run_device=h200", f"--workdir={tmp_path}", "--config.train.remat=False",
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "memory plan per device: h200, mesh data=1, fsdp=8, tensor=1" in proc.stdout
