@@ -40,6 +40,15 @@ class Rollout(NamedTuple):
         Empty when every row holds a program (agents whose samples always do).
       features: int categorical program features of shape [N, F] for the local
         correction (`Capabilities.program_features` = F), or None (F = 0).
+      transcripts: per row, what happened before the submission in a
+        multi-turn episode (`wmrl_jax.agents.episodes`), shown to the world
+        model; empty for single-turn samples.
+      tool_calls: sandbox tool calls made during the episodes (not
+        executions of the submitted programs).
+      tool_seconds: their summed sandbox seconds (resource-seconds, like
+        `Ledger.exec_seconds`, but of their own kind).
+      tool_wait_seconds: wall seconds the rollout spent waiting on them
+        (inside the rollout's wall time, during which nothing generates).
     """
 
     programs: list[str]
@@ -47,6 +56,10 @@ class Rollout(NamedTuple):
     gen_tokens: int
     causes: tuple[str, ...] = ()
     features: np.ndarray | None = None
+    transcripts: tuple[str, ...] = ()
+    tool_calls: int = 0
+    tool_seconds: float = 0.0
+    tool_wait_seconds: float = 0.0
 
 
 class WMOutput(NamedTuple):

@@ -26,7 +26,15 @@ text is the program when it is one (a bare program), else there is none.
 Causes (`PROGRAM_CAUSES`): "ok"; "empty" (blank text or only blank
 candidates); "syntax_error" (a candidate block, the last non-blank one, does
 not parse: its error is in `detail`); "no_code" (prose, or only candidates
-that do nothing).
+that do nothing); "no_submission" (an episode of several turns that ended
+without submitting, `wmrl_jax.agents.episodes`; `find_program` never says it).
+
+Actions. In an episode each of the agent's messages names what it asks the
+environment for (`find_action`): a line holding only ``ACTION: <name>`` (any
+case, optional Markdown emphasis, quotes or a list marker around it) with a
+name of `ACTIONS`; the last such line counts, and every such line is removed
+before the program is looked for, so that it is never executed. A message
+without an action line submits its program when it holds one.
 
 Work is linear in the text's length whatever the text (a 1 MB answer is
 parsed in well under a second): fences are found by one scan with a pattern
@@ -48,7 +56,8 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-PROGRAM_CAUSES = ("ok", "empty", "no_code", "syntax_error")
+PROGRAM_CAUSES = ("ok", "empty", "no_code", "syntax_error", "no_submission")
+ACTIONS = ("info", "validate", "submit")
 
 _PYTHON_TAG = re.compile(r"(?:python|py)(?:\d[\d.]*)?", re.IGNORECASE)
 # One pass over the text. First alternative: a line that starts (after indentation)
@@ -61,6 +70,12 @@ _FENCE = re.compile(
     re.MULTILINE | re.IGNORECASE,
 )
 _TAG = re.compile(r"[\w+.#-]*")
+# A whole line naming an action, its line end included; no quantifier crosses a line end.
+_ACTION = re.compile(
+    r"^[ \t>*_#`-]*action[ \t*_`]*:[ \t*_`\"']*(?P<name>info|validate|submit)"
+    r"[ \t*_`\"'.!]*\r?(?:\n|\Z)",
+    re.MULTILINE | re.IGNORECASE,
+)
 
 
 class ProgramParse(NamedTuple):
@@ -194,7 +209,42 @@ def cause_counts(parses: Iterable[ProgramParse]) -> dict[str, int]:
 
     Example:
         >>> cause_counts([find_program("x = 1"), find_program("hello there")])
-        {'empty': 0, 'no_code': 1, 'syntax_error': 0}
+        {'empty': 0, 'no_code': 1, 'syntax_error': 0, 'no_submission': 0}
     """
     counts = collections.Counter(p.cause for p in parses)
     return {cause: counts[cause] for cause in PROGRAM_CAUSES if cause != "ok"}
+
+
+class Action(NamedTuple):
+    """What one message of an episode asks for (`find_action`).
+
+    Attributes:
+      name: one of `ACTIONS`, or "none" (no action line and no program).
+      program: the program of the message, action lines removed (`find_program`).
+      explicit: whether an action line named it (else it is implied by the program).
+    """
+
+    name: str
+    program: ProgramParse
+    explicit: bool
+
+
+def find_action(text: str) -> Action:
+    """The action of one agent message under the rule of the module docstring.
+
+    Example:
+        >>> find_action("Let me look first.\\nACTION: info").name
+        'info'
+        >>> a = find_action("```python\\nprint(1)\\n```\\n**Action:** validate")
+        >>> a.name, a.program.source, a.explicit
+        ('validate', 'print(1)\\n', True)
+        >>> find_action("print(2)").name  # a program without an action line is submitted
+        'submit'
+    """
+    matches = list(_ACTION.finditer(text))
+    if matches:
+        text = _ACTION.sub("", text)
+    program = find_program(text)
+    if matches:
+        return Action(matches[-1]["name"].lower(), program, True)
+    return Action("submit" if program.ok else "none", program, False)

@@ -6,6 +6,12 @@ sample; as the world model (WM) it reads `render_wm_prompt` for a (task, program
 pair and answers with a JSON prediction, sampled K times and combined by the law
 of total variance.
 
+With `turns` > 1 a sample is an episode (`wmrl_jax.agents.episodes`): up to
+`turns` messages of `max_new_tokens` each, with sandbox tool calls (data
+information, validation on a sample) answered in between, and the world model
+judges the submission from the transcript before it. `turns` = 1 is the
+single-turn path, unchanged.
+
 Shapes stay fixed for a fixed config, so neither the sampler nor the train step
 recompiles between steps: solver prompts are left padded to `max_prompt_tokens`
 (P), completions to `max_new_tokens` (M), WM prompts to `wm_max_prompt_tokens`,
@@ -30,6 +36,12 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.agents.base import AgentContext, Built, Capabilities, Rollout, WMOutput
+from wmrl_jax.agents.episodes import (
+    EnvironmentMessages,
+    episode_instructions,
+    middle_cut,
+    run_episodes,
+)
 from wmrl_jax.agents.programs import extract_program, find_program
 from wmrl_jax.envs.grading import DEFAULT_FLOORS
 from wmrl_jax.models.api import left_pad
@@ -41,15 +53,6 @@ SOLVER_SYSTEM = (
     "You are an expert machine-learning engineer. You write one complete, correct and "
     "efficient Python program that solves a data-science task."
 )
-
-
-def middle_cut(text: str, keep: int) -> str:
-    """`text` with its middle replaced by a marker so that `keep` characters remain."""
-    if keep >= len(text):
-        return text
-    head = keep // 2
-    tail = text[len(text) - (keep - head) :] if keep > head else ""
-    return f"{text[:head]}\n[... {len(text) - keep} characters truncated ...]\n{tail}"
 
 
 def solver_instructions(task, *, libraries: str = "numpy and scikit-learn") -> str:
@@ -114,6 +117,11 @@ class TextAgent:
         sample_fn: the sampler (`models.sample`), injectable for tests.
         chat_template_kwargs: extra chat-template variables, e.g.
             `{"enable_thinking": False}` for Qwen3's template.
+        turns: K, the most messages of an episode; 1 = one program per sample.
+        tool_max_tokens: E, the most tokens of one environment message (K > 1);
+            a K-turn train row has T = P + K * M + (K - 1) * E tokens.
+        tools: the `wmrl_jax.sandbox.tools.ToolBox` answering tool calls; required
+            when K > 1.
 
     Example:
         >>> model = models.from_pretrained("path/to/qwen3")
@@ -146,6 +154,9 @@ class TextAgent:
         mesh=None,
         sample_fn: Callable = sample,
         chat_template_kwargs: dict | None = None,
+        turns: int = 1,
+        tool_max_tokens: int = 256,
+        tools=None,
     ):
         for name, value in (
             ("max_prompt_tokens", max_prompt_tokens),
@@ -157,6 +168,11 @@ class TextAgent:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if temperature <= 0 or not 0 < top_p <= 1 or top_k < 0:
             raise ValueError(f"bad sampling filters: {temperature=}, {top_p=}, {top_k=}")
+        if int(turns) < 1 or int(tool_max_tokens) < 1 or (turns > 1 and tools is None):
+            raise ValueError(
+                f"need turns >= 1, tool_max_tokens >= 1 and tools when turns > 1; got "
+                f"{turns=}, {tool_max_tokens=}, tools={tools!r}"
+            )
         if anchors_per_task < 0 or any(
             b is not None and b < 1 for b in (batch_size, wm_batch_size)
         ):
@@ -167,8 +183,14 @@ class TextAgent:
         self.max_new_tokens = int(max_new_tokens)
         self.wm_max_new_tokens = int(wm_max_new_tokens)
         self.wm_samples = int(wm_samples)
+        self.turns = int(turns)
+        self.env_budget = int(tool_max_tokens)
+        self.tools = tools
+        # The transcript before a submission: K - 1 messages and their answers.
+        transcript = (self.turns - 1) * (max_new_tokens + self.env_budget)
         self.wm_max_prompt_tokens = int(
-            wm_max_prompt_tokens or max_prompt_tokens + (1 + anchors_per_task) * max_new_tokens
+            wm_max_prompt_tokens
+            or max_prompt_tokens + (1 + anchors_per_task) * max_new_tokens + transcript
         )
         self.sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
         self.system_prompt = SOLVER_SYSTEM if system_prompt is None else system_prompt
@@ -186,6 +208,7 @@ class TextAgent:
         self.template_kwargs = dict(chat_template_kwargs or {})
         self._solver_cache: dict[tuple[str, str], list[int]] = {}
         self._anchors: dict[str, collections.deque] = {}
+        self._env_messages: EnvironmentMessages | None = None
         self.last_answer_failures = 0
 
     # -- prompts ---------------------------------------------------------------------------
@@ -229,6 +252,8 @@ class TextAgent:
         if texts[1]:
             parts += ["# Data report", texts[1]]
         parts += ["# Instructions", solver_instructions(task)]
+        if self.turns > 1:
+            parts += ["# Actions", episode_instructions(self.turns, self.tools.validate_rows)]
         return [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": "\n\n".join(parts)},
@@ -251,17 +276,24 @@ class TextAgent:
         return self._solver_cache[cache_key]
 
     def wm_prompt_ids(
-        self, task, program: str, anchors: Sequence[AnchorExample] | None = None
+        self,
+        task,
+        program: str,
+        anchors: Sequence[AnchorExample] | None = None,
+        transcript: str = "",
     ) -> list[int]:
         """WM prompt ids for (task, program), at most `wm_max_prompt_tokens` long.
 
-        `anchors` (oldest first) default to those kept for the task by `observe`.
+        `anchors` (oldest first) default to those kept for the task by `observe`;
+        `transcript` is an episode's before its submission (`Rollout.transcripts`).
+        To fit, anchors are dropped (oldest first), then the transcript is cut from
+        the middle (or dropped), then the task context and the program are cut.
         """
         description, report = task.description, task.data_report or ""
         anchors = list(self._anchors.get(task.id, ()) if anchors is None else anchors)
         limit = self.wm_max_prompt_tokens
 
-        def build(keep, anchors, program_chars=8000):
+        def build(keep, anchors, program_chars=8000, history=transcript):
             texts = [description, report]
             if keep is not None:
                 total = max(len(description) + len(report), 1)
@@ -272,6 +304,7 @@ class TextAgent:
                 data_report=texts[1] or None,
                 anchors=anchors,
                 max_program_chars=program_chars,
+                transcript=history or None,
             )
 
         while True:  # Drop the oldest anchors before cutting the task context.
@@ -279,12 +312,22 @@ class TextAgent:
             if len(ids) <= limit or not anchors:
                 break
             anchors = anchors[1:]
+        if len(ids) > limit and transcript:
+            cut = self._fit(
+                lambda keep: build(None, [], history=middle_cut(transcript, len(transcript)
+                                                                if keep is None else keep)),
+                len(transcript),
+                limit,
+            )  # fmt: skip
+            ids = ids if cut is None else cut
         if len(ids) > limit:
             total = len(description) + len(report)
-            ids = self._fit(lambda keep: build(keep, []), total, limit)
+            ids = self._fit(lambda keep: build(keep, [], history=""), total, limit)
         if ids is None:
             ids = self._fit(
-                lambda keep: build(0, [], 8000 if keep is None else keep), len(program), limit
+                lambda keep: build(0, [], 8000 if keep is None else keep, history=""),
+                len(program),
+                limit,
             )
         if ids is None:
             raise ValueError(f"WM prompt cannot fit wm_max_prompt_tokens={limit}")
@@ -335,6 +378,14 @@ class TextAgent:
         out = type(out)(*(np.concatenate(parts) for parts in zip(*chunks, strict=True)))
         return ids, mask, out
 
+    def environment_messages(self) -> EnvironmentMessages:
+        """How the environment's answers are tokenised in an episode (built once)."""
+        if self._env_messages is None:
+            self._env_messages = EnvironmentMessages(
+                self.tokenizer, self.stop_ids, self.env_budget, self.template_kwargs
+            )
+        return self._env_messages
+
     def _decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         stops = set(self.stop_ids)
         rows = [
@@ -351,6 +402,8 @@ class TextAgent:
             tokens, attention_mask (int32), loss_mask and old_logprobs (float32; the
             untempered policy's log-probs of the sampled tokens, stop token included).
         """
+        if self.turns > 1:
+            return run_episodes(self, params, tasks, group_size=group_size, key=key)
         if not tasks or group_size < 1:
             raise ValueError(f"need tasks and group_size >= 1, got {len(tasks)}, {group_size}")
         prompts = [self.solver_prompt_ids(t) for t in tasks]
@@ -381,9 +434,13 @@ class TextAgent:
         )
 
     def greedy_programs(self, params, tasks: Sequence) -> list[str]:
-        """One greedily decoded program per task (evaluation)."""
+        """One greedily decoded program per task (evaluation); an episode when turns > 1."""
         if not tasks:
             return []
+        if self.turns > 1:
+            episodes = run_episodes(self, params, tasks, group_size=1, key=jax.random.key(0),
+                                    greedy=True)  # fmt: skip
+            return episodes.programs
         prompts = [self.solver_prompt_ids(t) for t in tasks]
         _, _, out = self._generate(
             params,
@@ -421,7 +478,11 @@ class TextAgent:
         if not asked:
             self.last_answer_failures = 0
             return WMOutput(mean, var, 0, 0, failure_counts([]), 0)
-        prompts = [self.wm_prompt_ids(tasks[i // group], rollout.programs[i]) for i in asked]
+        history = rollout.transcripts or ("",) * n
+        prompts = [
+            self.wm_prompt_ids(tasks[i // group], rollout.programs[i], transcript=history[i])
+            for i in asked
+        ]
         _, mask, out = self._generate(
             params,
             prompts,
@@ -497,7 +558,41 @@ def default_config() -> ml_collections.ConfigDict:
     c.top_k = 0
     c.anchors_per_task = 0  # Executed anchors shown in later WM prompts.
     c.enable_thinking = False  # Qwen3 chat template switch.
+    # Episodes (wmrl_jax.agents.episodes): 1 = one program per sample; K > 1 = up to K
+    # messages of max_new_tokens each, with tool calls answered in between.
+    c.turns = 1
+    c.tool_max_tokens = 256  # E: tokens of one environment message in the transcript.
+    c.tools = ml_collections.ConfigDict()
+    c.tools.executor = "auto"  # "auto" (Docker if it can run, else local), "docker", "local".
+    c.tools.image = ""  # Docker image ("" = the default sandbox image).
+    c.tools.workers = 4  # Tool calls run at once.
+    c.tools.info_timeout_s = 30.0  # Wall-clock budget of one `info` call.
+    c.tools.validate_timeout_s = 120.0  # Wall-clock budget of one `validate` call.
+    c.tools.validate_rows = 100  # Records per CSV file in the validation sample.
     return c
+
+
+TOOL_EXECUTORS = ("auto", "docker", "local")
+
+
+def sequence_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
+    """Token lengths of `config.agent.text`'s sequences, for memory plans.
+
+    Returns:
+      train: T, a train row; prompt: the longest generation prompt (the last
+      message's); new: M, tokens sampled per message; wm_prompt: the default
+      world-model prompt (unless `wm_max_prompt_tokens` is set).
+    """
+    k, p, m, e = config.turns, config.max_prompt_tokens, config.max_new_tokens, 0
+    if k > 1:
+        e = config.tool_max_tokens
+    return {
+        "train": p + k * m + (k - 1) * e,
+        "prompt": p + (k - 1) * (m + e),
+        "new": m,
+        "wm_prompt": config.get("wm_max_prompt_tokens")
+        or p + (1 + config.anchors_per_task) * m + (k - 1) * (m + e),
+    }
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -516,6 +611,18 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f"config.agent.text.anchors_per_task must be >= 0, got {config.anchors_per_task}"
         )
+    for field in ("turns", "tool_max_tokens"):
+        if not config[field] >= 1:
+            raise ValueError(f"config.agent.text.{field} must be >= 1, got {config[field]}")
+    tools = config.tools
+    if tools.executor not in TOOL_EXECUTORS:
+        raise ValueError(
+            f"config.agent.text.tools.executor must be one of {TOOL_EXECUTORS}, "
+            f"got {tools.executor!r}"
+        )
+    for field in ("info_timeout_s", "validate_timeout_s", "validate_rows", "workers"):
+        if not tools[field] > 0:
+            raise ValueError(f"config.agent.text.tools.{field} must be > 0, got {tools[field]}")
 
 
 def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Built:
@@ -525,6 +632,13 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
     from wmrl_jax.models import api
 
     validate_config(config)
+    if config.turns > 1 and jax.process_count() > 1:
+        raise ValueError(
+            "config.agent.text.turns > 1 runs tool calls on every process, whose answers "
+            "(timings, output) may differ and split the processes' rollouts; run episodes "
+            "in one process"
+        )
+    tools = make_tools(config.tools) if config.turns > 1 else None
     # Straight into the mesh's shardings: no unsharded copy on the first device.
     model = api.from_pretrained(
         os.path.expanduser(config.checkpoint), dtype=config.dtype, mesh=context.mesh
@@ -546,5 +660,37 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
         wm_batch_size=sizes.get("wm"),
         mesh=context.mesh,
         chat_template_kwargs={"enable_thinking": bool(config.enable_thinking)},
+        turns=config.turns,
+        tool_max_tokens=config.tool_max_tokens,
+        tools=tools,
     )
     return Built(agent, model.params, model.graphdef, model.raw_config, {})
+
+
+def make_tools(config: ml_collections.ConfigDict):
+    """The `ToolBox` of `config.agent.text.tools`, on its own executor.
+
+    Raises:
+      ValueError: `executor="docker"` and Docker cannot run (the message says why).
+    """
+    import sys
+
+    from wmrl_jax import sandbox
+    from wmrl_jax.sandbox.tools import ToolBox
+
+    kwargs = dict(max_workers=config.workers, timeout_s=config.validate_timeout_s)
+    if config.executor == "local":
+        executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
+    elif config.executor == "docker":
+        try:
+            executor = sandbox.DockerExecutor(config.image or None, **kwargs)
+        except sandbox.InfraError as e:
+            raise ValueError(f"config.agent.text.tools.executor='docker' but: {e}") from e
+    else:
+        executor = sandbox.make_executor(config.image or None, python=sys.executable, **kwargs)
+    return ToolBox(
+        executor,
+        info_timeout_s=config.info_timeout_s,
+        validate_timeout_s=config.validate_timeout_s,
+        validate_rows=config.validate_rows,
+    )

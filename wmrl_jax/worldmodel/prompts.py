@@ -76,6 +76,7 @@ def render_wm_prompt(
     anchors: Sequence[AnchorExample] = (),
     max_program_chars: int = 8000,
     max_context_chars: int = 6000,
+    transcript: str | None = None,
 ) -> list[dict[str, str]]:
     """Builds the WM's chat messages for one program.
 
@@ -87,6 +88,9 @@ def render_wm_prompt(
       max_program_chars: programs (the judged one and each anchor) longer
         than this are truncated, with a note saying so.
       max_context_chars: the same for the description and the data report.
+      transcript: what happened in a multi-turn episode before the program was
+        submitted (`wmrl_jax.agents.episodes.render_transcript`), shown as is
+        (the caller fits it to its budget); None for a single-turn sample.
 
     Returns:
       Chat messages (system, user) for a chat template
@@ -108,6 +112,8 @@ def render_wm_prompt(
         )
         code = _truncate(mask_file_names(anchor.program).rstrip(), max_program_chars)
         parts += [f"# Executed example {i} (outcome: {outcome})", f"```python\n{code}\n```"]
+    if transcript:
+        parts += ["# The episode before the submission", transcript.strip()]
     code = _truncate(mask_file_names(program).rstrip(), max_program_chars)
     parts += [
         "# Program to judge",
