@@ -113,3 +113,15 @@ def test_device_seconds_are_the_busy_wall_seconds_times_the_chips():
     assert step.with_device_seconds(8).accelerator_seconds == 28.0  # execution excluded
     assert step.with_device_seconds(0).accelerator_seconds == 0.0  # a CPU host
     assert step.with_device_seconds(8).compute_seconds == step.compute_seconds
+
+
+def test_tool_seconds_count_apart_from_executions():
+    step = LedgerStep()
+    step.add(tool_calls=3, tool_seconds=1.5, executions=1, exec_seconds=2.0, gen_seconds=0.25)
+    ledger = step.ledger()
+    assert (ledger.tool_calls, ledger.tool_seconds, ledger.executions) == (3.0, 1.5, 1.0)
+    assert ledger.compute_seconds == 0.25 + 2.0 + 1.5
+    assert Ledger.from_dict(ledger.to_dict()) == ledger
+    # A ledger saved before the tool fields existed reads them as 0.
+    old = {k: v for k, v in ledger.to_dict().items() if not k.startswith("tool_")}
+    assert Ledger.from_dict(old).tool_seconds == 0.0

@@ -87,8 +87,8 @@ class CostModel:
         return flops / (self.peak_flops * self.mfu)
 
     def seconds(self, ledger: Ledger) -> float:
-        """Modelled compute: token seconds plus the measured execution seconds."""
-        return self.token_seconds(ledger) + float(ledger.exec_seconds)
+        """Modelled compute: token seconds plus the measured execution (and tool) seconds."""
+        return self.token_seconds(ledger) + float(ledger.exec_seconds) + float(ledger.tool_seconds)
 
 
 def from_config(config: ml_collections.ConfigDict) -> CostModel | None:

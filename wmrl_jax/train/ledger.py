@@ -11,7 +11,13 @@ What is counted (`Ledger.compute_seconds`, the headline figure):
 * `exec_seconds`: the *sum over executed programs* of their execution seconds,
   as measured by the sandbox or as recorded in the tabular benchmark by the
   replay executor. Executions that run in parallel each count in full, so this
-  is resource-seconds, not elapsed time.
+  is resource-seconds, not elapsed time;
+* `tool_seconds`: the same resource-seconds for the sandbox tool calls of
+  multi-turn episodes (`wmrl_jax.sandbox.tools`: data information, validation
+  on a sample), counted apart from `exec_seconds` because they are not
+  executions of submitted programs: every arm pays them for every sample. A
+  caller that times the rollout as `gen_seconds` leaves out the wall seconds
+  it spent waiting on them (`Rollout.tool_wait_seconds`).
 
 `train_seconds` (the gradient step) and `accelerator_seconds` (device-seconds,
 when the caller knows them, e.g. wall seconds times the number of chips) are
@@ -60,6 +66,8 @@ class Ledger(NamedTuple):
         train_rows: rows through the train step (over all epochs), auxiliary
             world-model rows included. The modelled cost can charge these at
             an LLM's sequence lengths (`train.cost.CostModel.lengths`).
+        tool_calls: sandbox tool calls of multi-turn episodes.
+        tool_seconds: their summed sandbox seconds (in `compute_seconds`).
     """
 
     gen_tokens: float = 0.0
@@ -75,6 +83,8 @@ class Ledger(NamedTuple):
     samples: float = 0.0
     wm_rows: float = 0.0
     train_rows: float = 0.0
+    tool_calls: float = 0.0
+    tool_seconds: float = 0.0
 
     def add(self, other: "Ledger") -> "Ledger":
         """Fieldwise sum (e.g. cumulative total plus this step)."""
@@ -87,8 +97,9 @@ class Ledger(NamedTuple):
 
     @property
     def compute_seconds(self) -> float:
-        """Headline compute: generation + world-model + execution seconds."""
-        return float(self.gen_seconds) + float(self.wm_seconds) + float(self.exec_seconds)
+        """Headline compute: generation + world-model + execution (and tool) seconds."""
+        sandbox = float(self.exec_seconds) + float(self.tool_seconds)
+        return float(self.gen_seconds) + float(self.wm_seconds) + sandbox
 
     def with_device_seconds(self, devices: int) -> "Ledger":
         """This step's ledger with `accelerator_seconds` set to the wall seconds of
