@@ -17,8 +17,9 @@ import pytest
 from tests.envs.conftest import base_manifest, write_csv
 from tests.models.conftest import load
 from wmrl_jax import models
+from wmrl_jax.agents.episodes import sequence_lengths
 from wmrl_jax.agents.programs import find_action
-from wmrl_jax.agents.text import TextAgent, default_config, sequence_lengths, validate_config
+from wmrl_jax.agents.text import TextAgent, default_config, validate_config
 from wmrl_jax.envs.outcomes import SandboxOutcomes
 from wmrl_jax.envs.task import load_task
 from wmrl_jax.models.sampler import SampleOutput
@@ -363,3 +364,28 @@ def test_two_turn_episodes_of_the_tuned_checkpoint_train(task, executor):
         jax.tree_util.tree_map(lambda a, c: bool(jnp.any(a != c)), state.params, model.params)
     )
     assert any(moved)
+
+
+def test_make_agent_builds_the_tools_from_the_config(task):
+    from tests.models.conftest import fixture_path
+    from wmrl_jax.agents.base import AgentContext
+    from wmrl_jax.agents.text import make_agent
+    from wmrl_jax.envs.grading import DEFAULT_FLOORS
+
+    c = default_config()
+    c.checkpoint, c.turns, c.tools.executor, c.tools.validate_rows = (
+        fixture_path(FIXTURE),
+        2,
+        "local",
+        7,
+    )
+    context = AgentContext([task], [], [], DEFAULT_FLOORS, jax.random.key(0))
+    with pytest.warns(UserWarning):
+        agent = make_agent(c, context).agent
+    try:
+        assert agent.turns == 2 and agent.env_budget == c.tool_max_tokens
+        assert isinstance(agent.tools.executor, LocalExecutor) and agent.tools.validate_rows == 7
+        assert "first 7 rows" in agent.solver_messages(task)[1]["content"]
+        assert agent.tools.call(task, "info").result().status == "ok"
+    finally:
+        agent.tools.close()

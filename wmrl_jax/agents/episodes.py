@@ -47,6 +47,7 @@ import time
 from collections.abc import Sequence
 
 import jax
+import ml_collections
 import numpy as np
 
 from wmrl_jax.agents.base import Rollout
@@ -69,15 +70,13 @@ def middle_cut(text: str, keep: int) -> str:
 def episode_instructions(turns: int, validate_rows: int) -> str:
     """The paragraph that tells the agent how an episode of `turns` messages works."""
     return (
-        f"You have at most {turns} messages. End every message with one action line:\n"
-        "ACTION: info - describes the input files (sizes, columns, first rows);\n"
-        "ACTION: validate - runs the ```python block of your message on the first "
-        f"{validate_rows} rows of every input file and reports its errors and the "
-        "submission file's format;\n"
-        "ACTION: submit - submits the ```python block of your message as your final "
-        "program, which is graded; the episode ends.\n"
-        f"A message with a program and no action line submits it. Message {turns} ends the "
-        "episode: submit by then."
+        f"You may send up to {turns} messages; end each with one line naming an action:\n"
+        "ACTION: info - describe the input files;\n"
+        "ACTION: validate - run this message's ```python block on the first "
+        f"{validate_rows} rows of each input file and report its errors and the "
+        "submission's format;\n"
+        "ACTION: submit - submit this message's ```python block as your final, graded "
+        f"program.\nA program without an action line is submitted. Submit by message {turns}."
     )
 
 
@@ -255,12 +254,12 @@ def run_episodes(agent, params, tasks: Sequence, *, group_size: int, key, greedy
         if not live:
             break
         context = [prompts[i // group_size] + rows[i].ids for i in live]
-        _, mask, out = agent._generate(
+        _, mask, out = agent.generate(
             params, context, p + turn * (m + e), 1, jax.random.fold_in(key, turn),
             call_rows=n, max_new_tokens=m, **options,
         )  # fmt: skip
         gen_tokens += int(mask.sum()) + int(out.mask.sum())
-        texts = agent._decode(out.tokens, out.mask)
+        texts = agent.decode(out.tokens, out.mask)
         pending = {}
         for j, i in enumerate(live):
             sampled = out.mask[j] > 0
@@ -314,3 +313,52 @@ def _batch(rows: list[_Episode], prompts: list, p: int, length: int, pad_id: int
         batch["loss_mask"][i, p:end] = row.agent
         batch["old_logprobs"][i, p:end] = row.logp
     return batch
+
+
+def sequence_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
+    """Token lengths of `config.agent.text`'s sequences, for memory plans.
+
+    Returns:
+      train: T, a train row; prompt: the longest generation prompt (the last
+      message's); new: M, tokens sampled per message; wm_prompt: the default
+      world-model prompt (unless `wm_max_prompt_tokens` is set).
+    """
+    k, p, m, e = config.turns, config.max_prompt_tokens, config.max_new_tokens, 0
+    if k > 1:
+        e = config.tool_max_tokens
+    return {
+        "train": p + k * m + (k - 1) * e,
+        "prompt": p + (k - 1) * (m + e),
+        "new": m,
+        "wm_prompt": config.get("wm_max_prompt_tokens")
+        or p + (1 + config.anchors_per_task) * m + (k - 1) * (m + e),
+    }
+
+
+def make_tools(config: ml_collections.ConfigDict):
+    """The `ToolBox` of `config.agent.text.tools`, on its own executor.
+
+    Raises:
+      ValueError: `executor="docker"` and Docker cannot run (the message says why).
+    """
+    import sys
+
+    from wmrl_jax import sandbox
+    from wmrl_jax.sandbox.tools import ToolBox
+
+    kwargs = dict(max_workers=config.workers, timeout_s=config.validate_timeout_s)
+    if config.executor == "local":
+        executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
+    elif config.executor == "docker":
+        try:
+            executor = sandbox.DockerExecutor(config.image or None, **kwargs)
+        except sandbox.InfraError as e:
+            raise ValueError(f"config.agent.text.tools.executor='docker' but: {e}") from e
+    else:
+        executor = sandbox.make_executor(config.image or None, python=sys.executable, **kwargs)
+    return ToolBox(
+        executor,
+        info_timeout_s=config.info_timeout_s,
+        validate_timeout_s=config.validate_timeout_s,
+        validate_rows=config.validate_rows,
+    )

@@ -39,6 +39,7 @@ from wmrl_jax.agents.base import AgentContext, Built, Capabilities, Rollout, WMO
 from wmrl_jax.agents.episodes import (
     EnvironmentMessages,
     episode_instructions,
+    make_tools,
     middle_cut,
     run_episodes,
 )
@@ -268,9 +269,11 @@ class TextAgent:
                 lambda keep: self.solver_messages(task, keep), total, self.max_prompt_tokens
             )
             if ids is None:
+                least = len(self._ids(self.solver_messages(task, 0)))
                 raise ValueError(
-                    f"task {task.id!r}: instructions alone exceed max_prompt_tokens="
-                    f"{self.max_prompt_tokens}"
+                    f"task {task.id!r}: instructions alone ({least} tokens) exceed "
+                    f"max_prompt_tokens={self.max_prompt_tokens}; raise "
+                    "config.agent.text.max_prompt_tokens"
                 )
             self._solver_cache[cache_key] = ids
         return self._solver_cache[cache_key]
@@ -313,13 +316,13 @@ class TextAgent:
                 break
             anchors = anchors[1:]
         if len(ids) > limit and transcript:
-            cut = self._fit(
-                lambda keep: build(None, [], history=middle_cut(transcript, len(transcript)
-                                                                if keep is None else keep)),
-                len(transcript),
-                limit,
-            )  # fmt: skip
-            ids = ids if cut is None else cut
+
+            def cut(keep):
+                history = transcript if keep is None else middle_cut(transcript, keep)
+                return build(None, [], history=history)
+
+            fitted = self._fit(cut, len(transcript), limit)
+            ids = ids if fitted is None else fitted
         if len(ids) > limit:
             total = len(description) + len(report)
             ids = self._fit(lambda keep: build(keep, [], history=""), total, limit)
@@ -335,7 +338,7 @@ class TextAgent:
 
     # -- generation ------------------------------------------------------------------------
 
-    def _generate(
+    def generate(
         self,
         params,
         prompts: list[list[int]],
@@ -386,7 +389,8 @@ class TextAgent:
             )
         return self._env_messages
 
-    def _decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+    def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+        """Text of each row's tokens under `mask` ([R, M] each), stop tokens left out."""
         stops = set(self.stop_ids)
         rows = [
             [int(t) for t, m in zip(r, k, strict=True) if m and t not in stops]
@@ -407,7 +411,7 @@ class TextAgent:
         if not tasks or group_size < 1:
             raise ValueError(f"need tasks and group_size >= 1, got {len(tasks)}, {group_size}")
         prompts = [self.solver_prompt_ids(t) for t in tasks]
-        ids, mask, out = self._generate(
+        ids, mask, out = self.generate(
             params,
             prompts,
             self.max_prompt_tokens,
@@ -425,7 +429,7 @@ class TextAgent:
                 [np.zeros(mask.shape, np.float32), np.where(live > 0, out.logprobs, 0.0)], axis=1
             ).astype(np.float32),
         }
-        parses = [find_program(t) for t in self._decode(out.tokens, live)]
+        parses = [find_program(t) for t in self.decode(out.tokens, live)]
         return Rollout(
             [p.source for p in parses],
             batch,
@@ -442,7 +446,7 @@ class TextAgent:
                                     greedy=True)  # fmt: skip
             return episodes.programs
         prompts = [self.solver_prompt_ids(t) for t in tasks]
-        _, _, out = self._generate(
+        _, _, out = self.generate(
             params,
             prompts,
             self.max_prompt_tokens,
@@ -451,7 +455,7 @@ class TextAgent:
             max_new_tokens=self.max_new_tokens,
             greedy=True,
         )
-        return [extract_program(t) for t in self._decode(out.tokens, out.mask)]
+        return [extract_program(t) for t in self.decode(out.tokens, out.mask)]
 
     # -- world model -----------------------------------------------------------------------
 
@@ -483,7 +487,7 @@ class TextAgent:
             self.wm_prompt_ids(tasks[i // group], rollout.programs[i], transcript=history[i])
             for i in asked
         ]
-        _, mask, out = self._generate(
+        _, mask, out = self.generate(
             params,
             prompts,
             self.wm_max_prompt_tokens,
@@ -495,7 +499,7 @@ class TextAgent:
         )
         answers = [
             parse_wm_answer(t, invalid_reward=self.invalid_reward)
-            for t in self._decode(out.tokens, out.mask)
+            for t in self.decode(out.tokens, out.mask)
         ]
         combined = [combine(answers[j * k : (j + 1) * k]) for j in range(len(asked))]
         mean[asked], var[asked] = to_arrays(combined)
@@ -575,26 +579,6 @@ def default_config() -> ml_collections.ConfigDict:
 TOOL_EXECUTORS = ("auto", "docker", "local")
 
 
-def sequence_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
-    """Token lengths of `config.agent.text`'s sequences, for memory plans.
-
-    Returns:
-      train: T, a train row; prompt: the longest generation prompt (the last
-      message's); new: M, tokens sampled per message; wm_prompt: the default
-      world-model prompt (unless `wm_max_prompt_tokens` is set).
-    """
-    k, p, m, e = config.turns, config.max_prompt_tokens, config.max_new_tokens, 0
-    if k > 1:
-        e = config.tool_max_tokens
-    return {
-        "train": p + k * m + (k - 1) * e,
-        "prompt": p + (k - 1) * (m + e),
-        "new": m,
-        "wm_prompt": config.get("wm_max_prompt_tokens")
-        or p + (1 + config.anchors_per_task) * m + (k - 1) * (m + e),
-    }
-
-
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming the first bad field of `config.agent.text`."""
     if not config.checkpoint:
@@ -665,32 +649,3 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
         tools=tools,
     )
     return Built(agent, model.params, model.graphdef, model.raw_config, {})
-
-
-def make_tools(config: ml_collections.ConfigDict):
-    """The `ToolBox` of `config.agent.text.tools`, on its own executor.
-
-    Raises:
-      ValueError: `executor="docker"` and Docker cannot run (the message says why).
-    """
-    import sys
-
-    from wmrl_jax import sandbox
-    from wmrl_jax.sandbox.tools import ToolBox
-
-    kwargs = dict(max_workers=config.workers, timeout_s=config.validate_timeout_s)
-    if config.executor == "local":
-        executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
-    elif config.executor == "docker":
-        try:
-            executor = sandbox.DockerExecutor(config.image or None, **kwargs)
-        except sandbox.InfraError as e:
-            raise ValueError(f"config.agent.text.tools.executor='docker' but: {e}") from e
-    else:
-        executor = sandbox.make_executor(config.image or None, python=sys.executable, **kwargs)
-    return ToolBox(
-        executor,
-        info_timeout_s=config.info_timeout_s,
-        validate_timeout_s=config.validate_timeout_s,
-        validate_rows=config.validate_rows,
-    )
