@@ -176,6 +176,11 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # environment (WMRL_*, a Kubernetes Indexed Job, SLURM), else one process.
     config.distributed = distributed.default_config()
 
+    # Overlap (`wmrl_jax.train.overlap`): sample step t + 1's batch while step t's programs
+    # execute, from the params before update t (one update stale; the loss's importance
+    # ratio corrects it). Saves wall clock when executions dominate; off: as before.
+    config.overlap = False
+
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every = 10
     config.checkpoint.keep = 2

@@ -23,6 +23,10 @@ One step (`Trainer._step`, its stages in `wmrl_jax.train.stages`):
 6. the ledger, metrics, step hooks, checkpoints and (every `eval_every`
    steps) a held-out evaluation (`wmrl_jax.train.evaluation`).
 
+With `config.overlap`, step t + 1's batch is sampled while step t's programs
+execute, from the params before update t: one update stale, which the loss's
+importance ratio corrects (`wmrl_jax.train.overlap`).
+
 Across processes (`config.distributed`, or a launcher's environment) every
 process runs this same loop on one mesh spanning all of them, with the same
 batch; anchors and evaluations are executed by process 0 and their outcomes
@@ -43,7 +47,7 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.train import arms, builder, cost, distributed, multihost, stages
+from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, stages
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
@@ -51,7 +55,7 @@ from wmrl_jax.train.config import validate_config
 from wmrl_jax.train.console import Console
 from wmrl_jax.train.evaluation import evaluate
 from wmrl_jax.train.execution import Runner
-from wmrl_jax.train.ledger import Ledger, LedgerStep
+from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer
 from wmrl_jax.train.stages import StepRecord
 from wmrl_jax.train.writer import MetricWriter
 
@@ -158,6 +162,7 @@ class Trainer:
             best_metric="eval/heldout_percentile",
             best_mode="max",
         )
+        self._ahead: overlap.Ahead | None = None  # The next step's batch (`config.overlap`).
         self.start_step = self._maybe_restore()
         # "initial": the world model is the starting backbone, frozen; "current": the
         # policy's own params (the same weights answer both prompts, and drift with RL).
@@ -218,6 +223,7 @@ class Trainer:
         self.history = list(meta.get("history", []))
         self.step_log = list(meta.get("steps", []))
         self.runner.restore_cache(meta.get("execution_cache", []))
+        self._ahead = overlap.decode(meta["ahead"]) if "ahead" in meta else None
         step = int(meta["step"])
         log.info("resumed from step %d (%s)", step, self.checkpointer.directory)
         return step
@@ -258,24 +264,18 @@ class Trainer:
             "outcomes_fingerprint": self.fingerprint,
             "execution_cache": self.runner.cache_state(),
         }
+        if self._ahead is not None:  # The next step trains on it: it travels with the state.
+            meta["ahead"] = overlap.encode(self._ahead)
         self.checkpointer.save(step, self.state, meta, metrics=metrics, force=force)
 
     # -- one step, stage by stage --------------------------------------------
     def _step(self, step: int) -> dict[str, float]:
         c = self.config
-        key = jax.random.fold_in(self.key, step)
-        k_roll, k_anchor, k_wm, k_train = jax.random.split(key, 4)
-        tasks = stages.step_tasks(self.tasks.train, seed=c.seed, step=step, count=c.tasks_per_step)
-        if self.arm.samples_anchors_only:  # The groups wmrl would anchor (same key), alone.
-            chosen = arms.choose_anchor_groups(
-                self.arm, k_anchor, num_groups=len(tasks), fraction=c.anchor_fraction
-            ).groups
-            tasks = [t for t, keep in zip(tasks, chosen, strict=True) if keep]
+        k_roll, k_anchor, k_wm, k_train = self._step_keys(step)
+        tasks = self._step_tasks(step, k_anchor)
         record = StepRecord(step, tasks, c.group_size)
         timing = LedgerStep()
-        params = self.state.params
-        with timing.timed("gen_seconds"):
-            record.rollout = self.agent.rollout(params, tasks, group_size=c.group_size, key=k_roll)
+        record.rollout, stale = self._rollout(step, tasks, k_roll, timing)
         if self.arm.world_model and self.anchor_policy != "random":
             self._world_model(record, k_wm, timing)  # The choice needs the predictions.
         self._choose_anchors(record, k_anchor)
@@ -283,6 +283,8 @@ class Trainer:
                                      c.group_size)  # fmt: skip
         if self.arm.world_model and record.wm is None:
             self._world_model(record, k_wm, timing)  # Runs while the anchors execute.
+        if c.overlap and step < c.num_steps and overlap.executing(pending):
+            self._sample_ahead(step + 1)  # So does the next step's batch.
         self._collect(record, pending, timing)
         self._correct_rewards(record)
         metrics = self._update(record, k_train, timing)
@@ -291,6 +293,8 @@ class Trainer:
         record.ledger = Ledger.from_dict(multihost.agree(ledger.to_dict()))
         self.ledger = self.ledger.add(record.ledger)
         metrics.update(stages.step_metrics(record, self.arm))
+        if c.overlap:  # 1: this step trained on a batch sampled before the last update.
+            metrics["overlap/stale"] = float(stale)
         metrics.update({f"ledger/{k}": float(v) for k, v in self.ledger.to_dict().items()})
         metrics["ledger/compute_seconds"] = float(self.ledger.compute_seconds)
         if self.cost_model is not None:
@@ -298,6 +302,53 @@ class Trainer:
         for hook in self.hooks:
             metrics.update(hook(record))
         return metrics
+
+    def _step_keys(self, step: int) -> jax.Array:
+        """The step's (rollout, anchor, world-model, train) keys, of shape [4]."""
+        return jax.random.split(jax.random.fold_in(self.key, step), 4)
+
+    def _step_tasks(self, step: int, k_anchor) -> list:
+        """The step's tasks: a pure function of the seed and the step (and the anchor key)."""
+        c = self.config
+        tasks = stages.step_tasks(self.tasks.train, seed=c.seed, step=step, count=c.tasks_per_step)
+        if self.arm.samples_anchors_only:  # The groups wmrl would anchor (same key), alone.
+            chosen = arms.choose_anchor_groups(
+                self.arm, k_anchor, num_groups=len(tasks), fraction=c.anchor_fraction
+            ).groups
+            tasks = [t for t, keep in zip(tasks, chosen, strict=True) if keep]
+        return tasks
+
+    def _rollout(self, step: int, tasks, key, timing: LedgerStep):
+        """`(rollout, stale)`: the batch sampled ahead for this step (stale), else a fresh one."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.step, ahead.task_ids) == (step, overlap.task_ids(tasks)):
+            timing.add(gen_seconds=ahead.gen_seconds)  # Charged to the step that trains on it.
+            return ahead.rollout, True
+        if ahead is not None:  # Spent compute all the same: charged, then sampled afresh.
+            log.warning("step %d: the batch sampled ahead was for other tasks; resampling", step)
+            timing.add(gen_seconds=ahead.gen_seconds, gen_tokens=ahead.rollout.gen_tokens)
+        with timing.timed("gen_seconds"):
+            rollout = self.agent.rollout(
+                self.state.params, tasks, group_size=self.config.group_size, key=key
+            )
+        return rollout, False
+
+    def _sample_ahead(self, step: int) -> None:
+        """Samples `step`'s batch now, during the step before (`config.overlap`): from the
+        params before that step's update, while its programs execute."""
+        k_roll, k_anchor, _, _ = self._step_keys(step)
+        tasks = self._step_tasks(step, k_anchor)
+        try:
+            with Timer() as timer:
+                rollout = self.agent.rollout(
+                    self.state.params, tasks, group_size=self.config.group_size, key=k_roll
+                )
+        except Exception as e:
+            raise RuntimeError(
+                f"config.overlap: sampling step {step}'s batch ahead, while step {step - 1}'s "
+                f"programs execute, failed: {type(e).__name__}: {e}"
+            ) from e
+        self._ahead = overlap.Ahead(step, overlap.task_ids(tasks), rollout, timer.seconds)
 
     def _world_model(self, record: StepRecord, key, timing: LedgerStep) -> None:
         params = self.state.params if self.wm_params is None else self.wm_params
