@@ -24,6 +24,7 @@ import os
 import shutil
 import time
 
+import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -55,9 +56,12 @@ BEYOND = {
     "wmrl_local": "the local correction",
     "wmrl_active": "active anchors",
     "wmrl_plus": "all three",
+    "wmrl_adaptive": "adaptive ρ",
 }
 # Settings that may differ between a study and its extension: which runs, how many at once.
-_EXTENDABLE = ("arms", "workers")
+# Settings that only add or drop runs (and the process count): an extension may change them
+# as long as every earlier run keeps its label and its overrides.
+_EXTENDABLE = ("arms", "workers", "variants", "rho_sweep", "warm_sweep", "warm_sweep_arms")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -74,9 +78,11 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def earlier_runs(config, workdir: str) -> tuple[dict, float]:
     """The runs of `workdir/results.json` and their wall seconds, for `--extend`.
 
-    Every setting the earlier study had must be unchanged, but `study.arms` and
-    `study.workers`. Settings added since (new options, whose defaults keep the
-    earlier behaviour) are logged, not refused.
+    Every setting the earlier study had must be unchanged, but those that only
+    list runs (`_EXTENDABLE`: arms, sweeps, variants) and `study.workers`;
+    every earlier run must still be one, with the same overrides. Settings
+    added since (new options, whose defaults keep the earlier behaviour) are
+    logged, not refused.
 
     Raises:
       ValueError: the earlier study ran with another config, naming the settings.
@@ -87,6 +93,10 @@ def earlier_runs(config, workdir: str) -> tuple[dict, float]:
     free = {f"study.{k}" for k in _EXTENDABLE}
     changed = sorted(k for k in then if k not in free and now.get(k, then[k]) != then[k])
     gone = sorted(k for k in then if k not in now and k not in free)
+    kept = dict(study.study_runs(config))
+    for label, overrides in study.study_runs(ml_collections.ConfigDict(earlier["config"])):
+        if json.loads(json.dumps(kept.get(label))) != json.loads(json.dumps(overrides)):
+            gone.append(f"run {label}")
     if changed or gone:
         raise ValueError(
             f"--extend: {workdir}/results.json ran with another config "
@@ -228,6 +238,7 @@ def headline(analysis: dict) -> str:
             diff, se, side = _compare(row, control, few)
             line += f" and {side} `anchors_only` ({diff:+.3f} ± {se:.3f})"
         lines.append(line + f"; `real` needs {report.ratio_cell(row, 'ratio')} its compute.")
+    lines += _variant_lines(analysis, few)
     fused, real_err, wm_err = (wmrl.get(f"anchor_{s}_error_var") for s in ("fed", "real", "wm"))
     if None not in (fused, real_err, wm_err):
         below = fused < min(real_err, wm_err)
@@ -237,6 +248,32 @@ def headline(analysis: dict) -> str:
             + ("below both streams." if below else "not below both streams.")
         )
     return " ".join(lines)
+
+
+def _variant_lines(analysis: dict, few: bool) -> list[str]:
+    """A sentence per `wmrl` variant (a sweep or a named variant, `wmrl_*` beyond the arms):
+    its WM rank correlation, and where it ends against `wmrl` and against its control
+    (`anchors_only` with the same suffix where the study ran one, else `anchors_only`)."""
+    wmrl, lines = analysis["wmrl"], []
+    for label, row in analysis.items():
+        if not label.startswith("wmrl_") or label in BEYOND:
+            continue
+        suffix = label[len("wmrl") :]
+        control = f"anchors_only{suffix}" if f"anchors_only{suffix}" in analysis else None
+        control = control or ("anchors_only" if "anchors_only" in analysis else None)
+        corr = row.get("wm_rank_corr")
+        diff, se, side = _compare(row, wmrl, few)
+        line = f"`{label}`" + (
+            f" (WM rank correlation {corr:.2f}, `wmrl` {wmrl['wm_rank_corr']:.2f})"
+            if corr is not None and wmrl.get("wm_rank_corr") is not None
+            else ""
+        )
+        line += f" ends {side} `wmrl` ({diff:+.3f} ± {se:.3f})"
+        if control is not None:
+            diff, se, side = _compare(row, analysis[control], few)
+            line += f" and {side} `{control}` ({diff:+.3f} ± {se:.3f})"
+        lines.append(line + ".")
+    return lines
 
 
 def render(workdir: str, readme: str | None = None) -> None:
@@ -251,7 +288,12 @@ def render(workdir: str, readme: str | None = None) -> None:
     table = report.format_study_table(analysis, arms)
     parts = [table]
     if sweeps:
-        parts += ["", report.format_study_table(analysis, ["wmrl", "real", *sweeps])]
+        parts += [
+            "",
+            report.format_study_table(
+                analysis, [a for a in ("wmrl", "anchors_only", "real") if a in analysis] + sweeps
+            ),
+        ]
     with open(os.path.join(workdir, "table.md"), "w") as f:
         f.write("\n".join(parts) + "\n")
     print("\n".join(parts))
@@ -291,7 +333,7 @@ def render(workdir: str, readme: str | None = None) -> None:
             report.format_break_even({float(n): a for n, a in payload["break_even"].items()}),
         ]
     if sweeps:
-        body += ["", "Sweeps:", "", parts[-1]]
+        body += ["", "Sweeps and variants (beside `wmrl` and its controls):", "", parts[-1]]
     body += ["", f"![compute study]({_ASSETS}/study_compute.png)"]
     write_section(readme, "study", "\n".join(body))
 

@@ -17,7 +17,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.num_seeds = 8
     config.arms = (
         "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
-        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus",
+        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
     )  # fmt: skip
     config.num_steps = 400
     config.tasks_per_step = 20
@@ -52,6 +52,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Active anchors (wmrl_active, wmrl_plus): the uniform share mixed into the draw.
     config.anchors = ml_collections.ConfigDict()
     config.anchors.uniform_share = 0.5
+    # Adaptive ρ (wmrl_adaptive), as in the trainer's config.anchors.adaptive.
+    config.anchors.adaptive = ml_collections.ConfigDict()
+    config.anchors.adaptive.rho_min = 0.025
+    config.anchors.adaptive.rho_max = 0.3
+    config.anchors.adaptive.fast_halflife = 10.0
+    config.anchors.adaptive.slow_halflife = 100.0
+    config.anchors.adaptive.gain = 1.0
+    config.anchors.adaptive.warmup_steps = 20
 
     # The WM's blind-spot fraction swept in one table (where each arm wins).
     config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)

@@ -11,7 +11,8 @@ execution seconds. Every run stops when it has spent the same measured compute
 it, the arms that execute a tenth of the groups about 500 (`num_steps` caps
 the arms that spend almost nothing).
 Variants: ``:runlocal`` (the core suite, one seed, a few steps: what the tests
-run) and ``:sweeps`` (adds the anchor-fraction and warm-start sweeps).
+run), ``:sweeps`` (adds the anchor-fraction and warm-start sweeps) and ``:wm``
+(adds the world-model variants; run it with ``--extend`` after the arms).
 """
 
 import ml_collections
@@ -56,11 +57,14 @@ def get_config(arg: str | None = None):
     config.study.workers = 2  # Seeds run in parallel processes (one per core here).
     config.study.arms = (
         "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
-        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus",
+        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
     )  # fmt: skip
     config.study.rho_sweep = ()
     config.study.warm_sweep = ()  # Warm-start steps: the WM's quality.
     config.study.warm_sweep_arms = ("wmrl", "real")
+    # Named runs beside the arms: "label: arm=<arm>, dotted.field=value, ..." (e.g. a
+    # world-model variant); `--extend` adds them to an earlier study.
+    config.study.variants = ()
     config.study.smooth = 3  # Evaluation points in the moving average.
     config.study.cost_sweep = (0.5e9, 1e9, 4e9, 9e9, 32e9)  # N for the break-even table.
     if arg == "runlocal":
@@ -80,7 +84,20 @@ def get_config(arg: str | None = None):
     elif arg == "sweeps":
         config.study.rho_sweep = (0.05, 0.2, 0.3)
         config.study.warm_sweep = (40, 600)
+    elif arg == "wm":
+        # Attempts at a better world model, each beside the control it must beat: the
+        # correction's per-sample variance; the WM loss weighted 3x on executed samples;
+        # a 4x longer warm start (which also moves the policy's start, so `real` and
+        # `anchors_only` get it too). Run with --extend after the arms.
+        warm = "agent.recipe.warm_start.steps=600"
+        config.study.variants = (
+            "wmrl_pervar: arm=wmrl, correction.wm_var=per_sample",
+            "wmrl_aux3: arm=wmrl, train.loss.aux_coef=3.0",
+            f"wmrl_warm600: arm=wmrl, {warm}",
+            f"anchors_only_warm600: arm=anchors_only, {warm}",
+            f"real_warm600: arm=real, {warm}",
+        )
     elif arg:
-        raise ValueError(f"unknown config variant {arg!r} (known: runlocal, sweeps)")
+        raise ValueError(f"unknown config variant {arg!r} (known: runlocal, sweeps, wm)")
     config.lock()
     return config

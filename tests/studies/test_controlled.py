@@ -117,3 +117,24 @@ def test_config_variants_and_lock():
     assert isinstance(config, ml_collections.ConfigDict)
     with pytest.raises(AttributeError):
         config.anchor_fractoin = 0.2  # A typo fails: the config is locked.
+
+
+def test_adaptive_rho_without_gain_is_wmrl_and_with_gain_moves_the_count():
+    config = controlled_config.get_config("runlocal")
+    with config.unlocked():
+        config.num_steps = 30
+        config.anchors.adaptive.warmup_steps = 2
+        config.anchors.adaptive.fast_halflife = 1.0
+        config.anchors.adaptive.slow_halflife = 20.0
+        config.anchors.adaptive.gain = 0.0
+    key = jax.random.key(5)
+    wmrl = controlled.run_arm(config, "wmrl", key)
+    flat = controlled.run_arm(config, "wmrl_adaptive", key)
+    for k in wmrl:  # ρ_t ≡ ρ: the same anchors, the same run
+        np.testing.assert_array_equal(wmrl[k], flat[k], err_msg=k)
+    with config.unlocked():
+        config.anchors.adaptive.gain = 2.0
+    moving = np.asarray(controlled.run_arm(config, "wmrl_adaptive", key)["executions"])
+    g, b = config.group_size, config.tasks_per_step
+    assert np.all(moving % g == 0) and moving.max() <= np.ceil(0.3 * b) * g
+    assert len(np.unique(moving)) > 1  # the error's drift changes the count

@@ -13,7 +13,7 @@ def test_table_rows():
     t = arms.ARMS
     assert set(t) == {
         "real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory",
-        "wmrl_local", "wmrl_active", "wmrl_plus",
+        "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
     }  # fmt: skip
     assert (t["real"].executes, t["real"].world_model) == ("all", False)
     assert (t["anchors_only"].executes, t["anchors_only"].world_model) == ("anchors", False)
@@ -31,6 +31,10 @@ def test_table_rows():
     assert t["wmrl_plus"] == dataclasses.replace(
         t["wmrl"], name="wmrl_plus", memory=True, local=True, anchor_policy="active"
     )
+    assert t["wmrl_adaptive"] == dataclasses.replace(
+        t["wmrl"], name="wmrl_adaptive", adaptive_rho=True
+    )
+    assert [n for n, a in t.items() if a.adaptive_rho] == ["wmrl_adaptive"]
     assert arms.anchor_policy(t["wmrl"], "uncertain") == "uncertain"
     assert arms.anchor_policy(t["wmrl_active"], "uncertain") == "active"
     with pytest.raises(ValueError, match="memory"):
@@ -102,3 +106,16 @@ def test_bad_arms_are_refused():
         arms.Arm("x", executes="none", world_model=False)
     with pytest.raises(ValueError, match="needs use_real"):
         arms.Arm("x", executes="anchors", world_model=True, ivd=True, use_real=False)
+    with pytest.raises(ValueError, match="adaptive"):
+        arms.Arm("x", executes="all", world_model=True, debias=True, adaptive_rho=True)
+
+
+def test_an_explicit_count_overrides_the_arms_fraction():
+    key = jax.random.key(3)
+    wmrl = arms.get("wmrl")
+    for count in (0, 3):
+        choice = arms.choose_anchor_groups(wmrl, key, num_groups=10, fraction=0.1, count=count)
+        assert choice.groups.sum() == count
+        np.testing.assert_array_equal(choice.weights, choice.groups.astype(np.float32))
+    with pytest.raises(ValueError, match="count must be in"):
+        arms.choose_anchor_groups(wmrl, key, num_groups=10, fraction=0.1, count=11)

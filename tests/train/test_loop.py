@@ -263,3 +263,25 @@ def test_samples_without_a_program_are_invalid_and_never_executed(tmp_path, arm)
     np.testing.assert_array_equal(record.rewards[none], floor)
     assert record.valid[none].all()
     assert metrics["programs/none/no_code"] == n // 2
+
+
+def test_adaptive_rho_follows_the_error_and_resumes_exactly(tmp_path):
+    # A short memory so that four steps move ρ; the state travels with the checkpoint.
+    config = _config(arm="wmrl_adaptive", num_steps=4, eval_every=2, **{
+        "checkpoint.every": 10, "anchors.adaptive.warmup_steps": 1, "anchors.adaptive.rho_max": 1.0,
+        "anchors.adaptive.fast_halflife": 1.0, "anchors.adaptive.slow_halflife": 20.0,
+    })  # fmt: skip
+    full = loop.train_and_evaluate(config, str(tmp_path / "full"))
+    fractions = [s["anchors/fraction"] for s in full["steps"]]
+    groups = config.tasks_per_step
+    base = 1 / groups  # wmrl's one group of tasks_per_step (ρ·B < 1): where ρ_t starts
+    assert fractions[0] == pytest.approx(base)  # nothing measured yet
+    assert any(abs(f - base) > 1e-3 for f in fractions[2:])  # two measured steps differ
+    for s, f in zip(full["steps"], fractions, strict=True):  # ⌊ρB⌋ or ⌈ρB⌉ groups
+        assert math.floor(f * groups) <= s["anchors/groups"] <= math.ceil(f * groups)
+    first = loop.Trainer(config, str(tmp_path / "split"))
+    first.run(until=3)
+    first.close()
+    resumed = loop.train_and_evaluate(config, str(tmp_path / "split"))
+    assert _strip(resumed["steps"]) == _strip(full["steps"])
+    assert resumed["ledger"]["executions"] == full["ledger"]["executions"]

@@ -21,6 +21,7 @@ Measures (see `analyse`):
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
 import os
 import time
@@ -41,8 +42,34 @@ from wmrl_jax.train.ledger import Ledger
 TRAIN_SMOOTH = 5
 
 
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """`"label: arm=wmrl, correction.wm_var=per_sample"` as `(label, overrides)`.
+
+    Values are Python literals where they parse as one (`600`, `0.2`, `True`),
+    else strings. A variant must name its arm.
+
+    Raises:
+      ValueError: a malformed spec, naming it.
+    """
+    label, sep, body = spec.partition(":")
+    label = label.strip()
+    overrides = {}
+    for item in body.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"study variant {spec!r}: expected 'label: key=value, ...'")
+        try:
+            overrides[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            overrides[key.strip()] = value.strip()
+    if not sep or not label or "arm" not in overrides:
+        raise ValueError(f"study variant {spec!r}: expected 'label: arm=<arm>, key=value, ...'")
+    return label, overrides
+
+
 def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
-    """(label, overrides) of every run per seed: the arms, then the ρ and WM-quality sweeps."""
+    """(label, overrides) of every run per seed: the arms, the ρ and WM-quality sweeps, then
+    the named variants (`config.study.variants`, see `parse_variant`)."""
     s = config.study
     runs = [(arm, {"arm": arm}) for arm in s.arms]
     for rho in s.rho_sweep:
@@ -54,6 +81,18 @@ def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
                 runs.append(
                     (f"{arm}_warm{warm}", {"arm": arm, "agent.recipe.warm_start.steps": warm})
                 )
+    for spec in s.get("variants", ()):
+        label, overrides = parse_variant(spec)
+        for key in overrides:  # A mistyped key would otherwise add a setting nothing reads.
+            node = config
+            for part in key.split("."):
+                if part not in node:
+                    raise ValueError(f"study variant {label!r}: config has no field {key!r}")
+                node = node[part]
+        runs.append((label, overrides))
+    labels = [label for label, _ in runs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"study runs share a label: {labels}")
     return runs
 
 

@@ -10,8 +10,9 @@ Inverse-Variance Denoising on anchors), and the arms beyond the paper:
 ``wmrl_memory`` (remembered means of executed candidates), ``wmrl_local``
 (the local correction; a candidate's features are its index, so "near" is
 "same task" and "same candidate"), ``wmrl_active`` (anchor groups drawn by the
-rank of their best debiased prediction, weighted 1/π in the map) and
-``wmrl_plus`` (all three).
+rank of their best debiased prediction, weighted 1/π in the map),
+``wmrl_plus`` (all three) and ``wmrl_adaptive`` (as many anchor groups as
+the WM's out-of-sample error drift asks for, `wmrl_jax.core.rho`).
 
 One arm for all seeds is a single jitted function of a key (a `lax.scan`
 over steps, `jax.vmap` over seeds). Because the ground truth is known, every
@@ -36,6 +37,7 @@ import optax
 from wmrl_jax.core import anchors as anchors_lib
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
+from wmrl_jax.core import rho as rho_lib
 from wmrl_jax.envs import simulated
 from wmrl_jax.studies.smoothing import trailing_mean
 from wmrl_jax.train import arms as arms_lib
@@ -47,6 +49,7 @@ class _Carry(NamedTuple):
     correction: correction_lib.CorrectionState
     mem_sum: jax.Array  # [T, K] sum of real rewards of executed candidates (anchor memory)
     mem_count: jax.Array  # [T, K] their executions
+    rho: rho_lib.RhoState  # the WM's out-of-sample error on anchors (adaptive ρ)
 
 
 def _masked_var(x, mask):
@@ -182,6 +185,15 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         local_prior_count=config.correction.local_prior_count,
     )
     adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
+    adaptive = config.anchors.adaptive
+    rho_fraction = functools.partial(
+        rho_lib.fraction, base=n_anchor_groups / b, low=adaptive.rho_min,
+        high=adaptive.rho_max, gain=adaptive.gain, warmup_steps=adaptive.warmup_steps,
+    )  # fmt: skip
+    rho_update = functools.partial(
+        rho_lib.update, fast_halflife=adaptive.fast_halflife,
+        slow_halflife=adaptive.slow_halflife,
+    )  # fmt: skip
     loss_fn = functools.partial(_policy_loss, clip_eps=config.clip_eps)
 
     def step(carry: _Carry, step_key):
@@ -191,8 +203,11 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         quality = env.quality[tasks[:, None], actions]
         real = simulated.real_reward(k_real, quality, noise=env_cfg.real_noise)
         pred = simulated.wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec)
+        k = n_anchor_groups
+        if arm_spec.adaptive_rho:  # ρ_t·B groups, stochastically rounded
+            k = rho_lib.num_groups(jax.random.fold_in(k_anchor, 1), rho_fraction(carry.rho), b)
         anchor_groups, weights = _choose_anchors(
-            arm_spec, config, correction, carry, pred, k_anchor, n_anchor_groups
+            arm_spec, config, correction, carry, pred, k_anchor, k
         )
         anchor = jnp.broadcast_to(anchor_groups[:, None], (b, g))
         rows = _row_extras(arm_spec, carry, tasks, actions, weights, g)
@@ -212,11 +227,15 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         mem_sum = carry.mem_sum.at[at].add(jnp.where(anchor, real, 0.0))
         mem_count = carry.mem_count.at[at].add(anchor.astype(jnp.float32))
         new_logits = optax.apply_updates(carry.logits, updates)
-        return _Carry(new_logits, opt_state, state, mem_sum, mem_count), outputs
+        drift = carry.rho
+        if arm_spec.adaptive_rho:  # Out of sample: the map before this step's anchors.
+            before = correction.debias(carry.correction, pred)
+            drift = rho_update(drift, (real - before).reshape(-1), anchor.reshape(-1))
+        return _Carry(new_logits, opt_state, state, mem_sum, mem_count, drift), outputs
 
     logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
     zeros = jnp.zeros_like(logits)
-    carry = _Carry(logits, optimizer.init(logits), correction.init(), zeros, zeros)
+    carry = _Carry(logits, optimizer.init(logits), correction.init(), zeros, zeros, rho_lib.init())
     _, outputs = jax.lax.scan(step, carry, jax.random.split(k_run, config.num_steps))
     return outputs
 

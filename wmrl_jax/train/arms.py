@@ -17,6 +17,7 @@ arm means the same thing everywhere. A new arm is one line in `ARMS`.
 | `wmrl_local` | the anchors | yes | yes + local | yes | as `wmrl`, g(r̂) + local offset |
 | `wmrl_active` | active anchors | yes | yes (1/π weights) | yes | as `wmrl` |
 | `wmrl_plus` | active anchors | yes | yes + local (1/π) | yes | memory + local + active |
+| `wmrl_adaptive` | ρ_t of the anchors | yes | yes | yes | as `wmrl` |
 
 `wmrl_memory` adds anchor memory: a sample whose program was executed earlier
 in the run is fused with that program's remembered mean real reward.
@@ -26,6 +27,9 @@ residuals of executed programs of the same task and nearby features.
 (`config.anchors.score`) mixed with a uniform share, and weighs each anchor
 pair in the map's fit by the inverse of its inclusion probability
 (`wmrl_jax.core.anchors`), so the map stays unbiased.
+`wmrl_adaptive` draws uniform anchor groups, but their number follows the
+world model's out-of-sample error (`wmrl_jax.core.rho`, `config.anchors.adaptive`):
+more when it rises, fewer when it falls.
 
 `anchors_only` executes exactly the groups `wmrl` would anchor (same rule,
 same key); with the "uncertain" anchor policy it has no variances to rank
@@ -76,6 +80,8 @@ class Arm:
       local: the local correction on top of the global map.
       anchor_policy: the arm's own anchor policy ("active"), or None for
         `config.anchor_policy`.
+      adaptive_rho: the anchor fraction follows the world model's
+        out-of-sample error (`wmrl_jax.core.rho`).
     """
 
     name: str
@@ -87,6 +93,7 @@ class Arm:
     memory: bool = False
     local: bool = False
     anchor_policy: str | None = None
+    adaptive_rho: bool = False
 
     def __post_init__(self):
         if self.executes not in EXECUTES:
@@ -101,6 +108,10 @@ class Arm:
             raise ValueError(f"arm {self.name!r}: the local correction refines the debiasing map")
         if self.anchor_policy is not None and self.anchor_policy not in ANCHOR_POLICIES:
             raise ValueError(f"arm {self.name!r}: anchor_policy must be one of {ANCHOR_POLICIES}")
+        if self.adaptive_rho and not (self.debias and self.executes == "anchors"):
+            raise ValueError(
+                f"arm {self.name!r}: an adaptive ρ follows the debiased WM's error on anchors"
+            )
 
     @property
     def samples_anchors_only(self) -> bool:
@@ -135,6 +146,10 @@ ARMS: dict[str, Arm] = {
         Arm(
             "wmrl_plus", executes="anchors", world_model=True, debias=True, ivd=True,
             memory=True, local=True, anchor_policy="active",
+        ),
+        Arm(
+            "wmrl_adaptive", executes="anchors", world_model=True, debias=True, ivd=True,
+            adaptive_rho=True,
         ),
     )
 }  # fmt: skip
@@ -183,6 +198,7 @@ def choose_anchor_groups(
     policy: str = "random",
     group_score=None,
     uniform_share: float = 0.5,
+    count: int | None = None,
 ) -> AnchorChoice:
     """Which groups are executed for real, and their anchors' weights in the map.
 
@@ -201,6 +217,8 @@ def choose_anchor_groups(
       group_score: scores of shape [num_groups] (higher: more worth
         executing); NaN counts as largest.
       uniform_share: see `policy`.
+      count: the number of groups to execute, in place of the arm's
+        `num_anchor_groups` (an adaptive ρ's draw).
 
     Example:
       >>> choose_anchor_groups(ARMS["real"], None, num_groups=3, fraction=0.1).groups
@@ -208,7 +226,9 @@ def choose_anchor_groups(
     """
     if policy not in ANCHOR_POLICIES:
         raise ValueError(f"anchor policy must be one of {ANCHOR_POLICIES}, got {policy!r}")
-    k = arm.num_anchor_groups(num_groups, fraction)
+    k = arm.num_anchor_groups(num_groups, fraction) if count is None else int(count)
+    if not 0 <= k <= num_groups:
+        raise ValueError(f"count must be in [0, {num_groups}], got {k}")
     mask = np.zeros(num_groups, bool)
     if k == num_groups:
         mask[:] = True

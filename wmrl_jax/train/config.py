@@ -54,6 +54,16 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.anchors = ml_collections.ConfigDict()
     config.anchors.score = "exploit"
     config.anchors.uniform_share = 0.5
+    # Adaptive ρ (arms with `adaptive_rho`, `wmrl_jax.core.rho`): ρ_t = anchor_fraction ·
+    # (fast / slow EMA of the WM's out-of-sample squared error)^gain, clipped to
+    # [rho_min, rho_max]; anchor_fraction for the first warmup_steps measured steps.
+    config.anchors.adaptive = ml_collections.ConfigDict()
+    config.anchors.adaptive.rho_min = 0.025
+    config.anchors.adaptive.rho_max = 0.3
+    config.anchors.adaptive.fast_halflife = 10.0  # steps
+    config.anchors.adaptive.slow_halflife = 100.0  # steps
+    config.anchors.adaptive.gain = 1.0
+    config.anchors.adaptive.warmup_steps = 20
     config.advantage = "std"
     config.eval_every = 10
     # Held-out programs per task: 0 = one greedy program; K > 0 = K policy samples
@@ -243,6 +253,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.anchors.uniform_share must be in (0, 1], got {config.anchors.uniform_share}"
         )
+    adaptive = config.anchors.adaptive
+    if not 0.0 <= adaptive.rho_min <= adaptive.rho_max <= 1.0:
+        raise ConfigError(
+            "config.anchors.adaptive needs 0 <= rho_min <= rho_max <= 1, got "
+            f"rho_min={adaptive.rho_min}, rho_max={adaptive.rho_max}"
+        )
+    for field in ("fast_halflife", "slow_halflife"):
+        if not adaptive[field] > 0:
+            raise ConfigError(f"config.anchors.adaptive.{field} must be > 0, got {adaptive[field]}")
+    _at_least(config, "anchors.adaptive.gain", 0.0)
+    _at_least(config, "anchors.adaptive.warmup_steps", 0)
     if not config.correction.local_prior_count > 0:
         raise ConfigError(
             "config.correction.local_prior_count must be > 0, got "

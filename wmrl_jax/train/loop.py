@@ -36,6 +36,7 @@ process 0 and checkpoints by all together (`wmrl_jax.train.multihost`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
+from wmrl_jax.core import rho
 from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, stages
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
@@ -174,6 +176,16 @@ class Trainer:
         self._correct = jax.jit(self.correction.update)
         self.anchor_policy = arms.anchor_policy(self.arm, config.anchor_policy)
         self._debias = jax.jit(self.correction.debias)
+        # Adaptive ρ starts from the share of groups the arm's ρ executes (at least one).
+        a, groups = config.anchors.adaptive, config.tasks_per_step
+        base = self.arm.num_anchor_groups(groups, config.anchor_fraction) / groups
+        self._rho_update = jax.jit(functools.partial(
+            rho.update, fast_halflife=a.fast_halflife, slow_halflife=a.slow_halflife
+        ))  # fmt: skip
+        self._rho_fraction = jax.jit(functools.partial(
+            rho.fraction, base=base, low=a.rho_min, high=a.rho_max, gain=a.gain,
+            warmup_steps=a.warmup_steps,
+        ))  # fmt: skip
 
     def _memory_plan(self, config) -> dict[str, int] | None:
         """Generation batch sizes from the memory plan (LLM agents); problems as notes."""
@@ -188,6 +200,8 @@ class Trainer:
         # A copy: the state is donated to the train step, the run's key is not.
         key_data = jnp.array(jax.random.key_data(self.key), copy=True)
         extra = {"correction": self.correction.init(), "key": key_data}
+        if self.arm.adaptive_rho:  # Checkpointed with the state: a resume keeps its ρ.
+            extra["rho"] = rho.init()
         # Distinct buffers per leaf: the state is donated, and init may share constants.
         extra = jax.tree.map(lambda x: jnp.array(x, copy=True), extra)
         state = step_lib.init_train_state(
@@ -374,9 +388,15 @@ class Trainer:
             kind = "uncertainty" if self.anchor_policy == "uncertain" else c.anchors.score
             debiased = self._debias(self.state.extra["correction"], record.wm.mean)
             score = stages.group_scores(record, kind, np.asarray(debiased))
+        count = None
+        if self.arm.adaptive_rho:  # ρ_t from the WM's out-of-sample error so far.
+            fraction = self._rho_fraction(self.state.extra["rho"])
+            record.anchor_fraction = float(fraction)
+            count = int(rho.num_groups(jax.random.fold_in(key, 1), fraction, record.num_rows // g))
         choice = arms.choose_anchor_groups(
             self.arm, key, num_groups=record.num_rows // g, fraction=c.anchor_fraction,
             policy=self.anchor_policy, group_score=score, uniform_share=c.anchors.uniform_share,
+            count=count,
         )  # fmt: skip
         record.anchor_groups, record.anchor_weights = choice.groups, choice.weights
 
@@ -406,6 +426,10 @@ class Trainer:
         if self.arm.world_model:
             wm, before = record.wm, self.state.extra["correction"]
             record.debiased = np.asarray(self._debias(before, wm.mean), np.float32)
+            if self.arm.adaptive_rho:  # Out of sample: the map has not seen these anchors.
+                errors = np.where(record.executed, record.real - record.debiased, np.nan)
+                drift = self._rho_update(self.state.extra["rho"], errors, np.isfinite(errors))
+                self.state = self.state.replace(extra={**self.state.extra, "rho": drift})
             rows = {"anchor_weight": np.repeat(record.anchor_weights, record.group_size)}
             if self.arm.local:  # Same task, nearby program features.
                 rows["task"] = stages.task_ids(record.tasks, record.group_size)

@@ -43,6 +43,7 @@ class StepRecord:
       anchor_groups: bool [num_groups], the groups executed for real.
       anchor_weights: [num_groups] the weight of each anchor group's pairs in
         the map's fit (1/π under the "active" policy, else 1).
+      anchor_fraction: ρ_t of an adaptive-ρ arm (`wmrl_jax.core.rho`), else None.
       outcomes: {row: Outcome} of the executions that count.
       exec_counts: infrastructure errors, dropped rows and rejected rewards.
       real: [N] real rewards, NaN where not executed.
@@ -64,6 +65,7 @@ class StepRecord:
     wm: WMOutput | None = None
     anchor_groups: np.ndarray | None = None
     anchor_weights: np.ndarray | None = None
+    anchor_fraction: float | None = None
     outcomes: dict = dataclasses.field(default_factory=dict)
     exec_counts: dict = dataclasses.field(default_factory=dict)
     real: np.ndarray | None = None
@@ -211,6 +213,8 @@ def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
     m: dict[str, float] = {f"correction/{k}": float(v) for k, v in r.correction.items()}
     m.update({f"anchors/{k}": float(v) for k, v in r.exec_counts.items()})
     m["anchors/groups"] = float(r.anchor_groups.sum())
+    if r.anchor_fraction is not None:
+        m["anchors/fraction"] = r.anchor_fraction
     if r.anchor_weights is not None and r.anchor_groups.any():
         m["anchors/ipw_weight_max"] = float(r.anchor_weights[r.anchor_groups].max())
     m["anchors/replicate_pairs"] = float(np.isfinite(r.partner).sum())

@@ -1,0 +1,51 @@
+"""The compute study's runs: arms, sweeps and named variants."""
+
+import pytest
+
+from experiments.configs import study_compute
+from wmrl_jax.studies import compute
+
+
+def _config(**study):
+    config = study_compute.get_config()
+    with config.unlocked():
+        for k, v in study.items():
+            config.study[k] = v
+    return config
+
+
+def test_parse_variant_literals_and_strings():
+    label, overrides = compute.parse_variant(
+        "wmrl_wm: arm=wmrl, agent.recipe.warm_start.steps=600, correction.wm_var=per_sample"
+    )
+    assert label == "wmrl_wm"
+    assert overrides == {
+        "arm": "wmrl", "agent.recipe.warm_start.steps": 600, "correction.wm_var": "per_sample"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec", ["no colon arm=wmrl", ": arm=wmrl", "x: correction.wm_var=per_sample", "x: arm"]
+)
+def test_parse_variant_refuses_malformed(spec):
+    with pytest.raises(ValueError, match="study variant"):
+        compute.parse_variant(spec)
+
+
+def test_study_runs_order_and_labels():
+    config = _config(
+        arms=("real", "wmrl"), rho_sweep=(0.2,), warm_sweep=(600,), warm_sweep_arms=("wmrl",),
+        variants=("wmrl_pv: arm=wmrl, correction.wm_var=per_sample",),
+    )  # fmt: skip
+    runs = compute.study_runs(config)
+    assert [label for label, _ in runs] == [
+        "real", "wmrl", "wmrl_rho0.2", "wmrl_warm600", "wmrl_pv"
+    ]  # fmt: skip
+    assert runs[-1][1] == {"arm": "wmrl", "correction.wm_var": "per_sample"}
+
+
+def test_study_runs_refuses_unknown_field_and_shared_label():
+    with pytest.raises(ValueError, match="no field 'correction.wm_varr'"):
+        compute.study_runs(_config(variants=("x: arm=wmrl, correction.wm_varr=per_sample",)))
+    with pytest.raises(ValueError, match="share a label"):
+        compute.study_runs(_config(arms=("wmrl",), variants=("wmrl: arm=wmrl_local",)))
