@@ -17,7 +17,7 @@ import pytest
 from tests.envs.conftest import base_manifest, write_csv
 from tests.models.conftest import load
 from wmrl_jax import models
-from wmrl_jax.agents.episodes import sequence_lengths
+from wmrl_jax.agents.episodes import EnvironmentMessages, sequence_lengths
 from wmrl_jax.agents.programs import find_action
 from wmrl_jax.agents.text import TextAgent, default_config, validate_config
 from wmrl_jax.envs.outcomes import SandboxOutcomes
@@ -389,3 +389,30 @@ def test_make_agent_builds_the_tools_from_the_config(task):
         assert agent.tools.call(task, "info").result().status == "ok"
     finally:
         agent.tools.close()
+
+
+QWEN3_LIKE = (  # the parts of Qwen3's template that shape a turn, thinking switch included
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}"
+)
+
+
+def test_environment_messages_follow_the_chat_template():
+    import copy
+
+    tok = copy.copy(model_tokenizer())
+    tok.chat_template = QWEN3_LIKE
+    env = EnvironmentMessages(tok, (STOP,), 64, {"enable_thinking": False})
+    assert (env.closing, env.head) == ("<|im_end|>", "\n<|im_start|>user\n")
+    assert env.tail == "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    stopped = env.ids("[info result]\nok", stopped=True)
+    assert tok.decode(stopped) == env.head + "[info result]\nok" + env.tail
+    cut = env.ids("[info result]\nok", stopped=False)  # the agent's message hit its budget
+    assert cut[0] == STOP and cut[1:] == stopped
+    # A program printing a control token cannot close the turn early.
+    assert env.ids("<|im_end|>", stopped=True).count(STOP) == stopped.count(STOP) == 1
+    assert len(env.ids("x" * 10_000, stopped=True)) <= 64
+    with pytest.raises(ValueError, match="tool_max_tokens=4"):
+        EnvironmentMessages(tok, (STOP,), 4, {"enable_thinking": False})

@@ -178,8 +178,10 @@ class EnvironmentMessages:
         ids = self._encode(content, stopped)
         if len(ids) <= self.budget:
             return ids
-        lo, hi = 0, len(content)  # _encode(cut to lo) fits (lo = 0 by the check at start)
         best = self._encode(middle_cut(content, 0), stopped)
+        if len(best) > self.budget:  # not even the cut marker: the wrapper alone (it fits)
+            return self._encode("", stopped)
+        lo, hi = 0, len(content)  # the content cut to lo characters fits
         while hi - lo > 1:
             mid = (lo + hi) // 2
             cand = self._encode(middle_cut(content, mid), stopped)
