@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: $(STAMP) lint
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 -q --durations=30
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.isotonic --json outputs/bench/isotonic.json
