@@ -291,6 +291,11 @@ def test_config_and_lengths():
     assert c.turns == 1 and sequence_lengths(c)["train"] == c.max_prompt_tokens + c.max_new_tokens
     c.turns, c.max_prompt_tokens, c.max_new_tokens, c.tool_max_tokens = 3, 100, 10, 5
     assert sequence_lengths(c) == {"train": 140, "prompt": 130, "new": 10, "wm_prompt": 140}
+    # The last message's prefill plus its sample is a whole train row, so a memory plan
+    # of (prompt, new) lengths holds the episode (and its default WM prompt).
+    c.anchors_per_task = 2
+    n = sequence_lengths(c)
+    assert n["train"] == n["prompt"] + n["new"] and n["wm_prompt"] == n["prompt"] + 3 * n["new"]
     for field, value in (("turns", 0), ("tool_max_tokens", 0)):
         bad = c.copy_and_resolve_references()
         bad[field] = value

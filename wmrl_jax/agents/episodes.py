@@ -323,7 +323,9 @@ def sequence_lengths(config: ml_collections.ConfigDict) -> dict[str, int]:
     Returns:
       train: T, a train row; prompt: the longest generation prompt (the last
       message's); new: M, tokens sampled per message; wm_prompt: the default
-      world-model prompt (unless `wm_max_prompt_tokens` is set).
+      world-model prompt (unless `wm_max_prompt_tokens` is set). A single-turn
+      memory plan at `prompt` and `new` tokens holds an episode: prompt + new is
+      the train row and prompt + (1 + anchors) * new the default WM prompt.
     """
     k, p, m, e = config.turns, config.max_prompt_tokens, config.max_new_tokens, 0
     if k > 1:
