@@ -240,6 +240,13 @@ def run_episodes(agent, params, tasks: Sequence, *, group_size: int, key, greedy
       batch of shape [N, T] (module docstring), the tokens of every prefill and
       sample, the causes, the world model's transcripts, and the tool calls
       with their sandbox seconds and the wall seconds spent waiting on them.
+
+    Example:
+        >>> tools = ToolBox(LocalExecutor(timeout_s=120))            # doctest: +SKIP
+        >>> agent = TextAgent(graphdef, tokenizer, ..., turns=3, tools=tools)  # doctest: +SKIP
+        >>> ro = agent.rollout(params, tasks, group_size=8, key=key)  # doctest: +SKIP
+        >>> ro.causes[0], ro.tool_calls, ro.transcripts[0][:40]       # doctest: +SKIP
+        ('ok', 11, '## Message 1 of the agent\n\nLet me look')
     """
     if not tasks or group_size < 1:
         raise ValueError(f"need tasks and group_size >= 1, got {len(tasks)}, {group_size}")
