@@ -37,6 +37,15 @@ def test_workload_reads_the_config():
     assert not _workload(**{"train.remat": False}).remat
 
 
+def test_an_episode_is_planned_at_its_longest_prompt():
+    # K = 3 messages of M = 4096 with tool answers of E = 512: the last message's prompt
+    # holds the two earlier messages and answers, and prompt + new is the train row.
+    w = _workload(**{"agent.text.turns": 3, "agent.text.tool_max_tokens": 512})
+    assert (w.prompt_tokens, w.new_tokens) == (4096 + 2 * (4096 + 512), 4096)
+    assert w.prompt_tokens + w.new_tokens == 4096 + 3 * 4096 + 2 * 512
+    assert w.wm_prompt == w.prompt_tokens + 3 * 4096
+
+
 def test_resident_state_per_device():
     arch = architectures.get("qwen3-4b")
     shard = model_memory.param_elements_per_device(arch, FSDP8)

@@ -34,6 +34,7 @@ import math
 import os
 from collections.abc import Mapping
 
+from wmrl_jax.agents import episodes
 from wmrl_jax.models import memory as model_memory
 
 GIB = 2**30
@@ -130,12 +131,15 @@ def workload_from_config(config, **fields) -> Workload:
     once the agent loads its params straight into their shardings.
     """
     text = config.agent.text
+    # An episode of K messages is planned as one generation at its longest prompt: the
+    # last message's, so prompt + new is the train row (K = 1: the single-turn lengths).
+    lengths = episodes.sequence_lengths(text)
     workload = Workload(
         param_dtype=text.dtype,
         compute_dtype=config.train.compute_dtype,
         rollout_rows=config.tasks_per_step * config.group_size,
-        prompt_tokens=text.max_prompt_tokens,
-        new_tokens=text.max_new_tokens,
+        prompt_tokens=lengths["prompt"],
+        new_tokens=lengths["new"],
         anchors_per_task=text.anchors_per_task,
         wm_samples=text.wm_samples,
         wm_new_tokens=text.wm_max_new_tokens,
