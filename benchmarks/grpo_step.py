@@ -1,7 +1,7 @@
 """The whole GRPO step -- sample, reward, reference forward, update -- against Tunix's learner.
 
     python -m benchmarks.grpo_step [--prompts 4] [--samples 4] [--prompt 32] [--new 32]
-        [--rounds 8] [--skip tunix] [--json PATH]
+        [--trials 3] [--rounds 10] [--sequential-compile] [--skip tunix] [--json PATH]
 
 One step, as a GRPO loop runs it: sample ``--samples`` completions of exactly
 ``--new`` tokens (no stop token can fire) for each of ``--prompts`` prompts of
@@ -16,17 +16,22 @@ both implementations.
   per prompt, its cache copied for the samples), the batch built from its
   tokens and sampling log-probs (`grpo_batch`), then
   `wmrl_jax.train.step.TrainStep` (reference forward inside the jitted step).
+  The first step starts `TrainStep.compile_ahead` before sampling, so the
+  update compiles while the sampler compiles and runs (a loop knows its batch
+  shapes in advance); ``--sequential-compile`` compiles it after sampling.
 * ``tunix``: Tunix's ``GrpoLearner`` on an ``RLCluster`` (vanilla rollout,
   actor, rollout and reference on one one-device mesh), driven by its own
   ``train`` loop; Tunix's sampler takes text, so the prompts are drawn to
   round-trip exactly through the checkpoint's tokenizer (the same 32 tokens).
 
-Reported: the first step (tracing + compilation + the step: what a user waits
-for before training runs) and the median steady step over ``--rounds`` steps.
-Our steps run *between* Tunix's (its train loop pulls each batch from a Python
-generator that times the step that just ended, then runs one of ours), so load
-from other processes hits both alike. Tunix is optional and installed apart
-(see the README).
+Reported: setup, the first step (tracing + compilation + the step: what a
+user waits for before training runs) and the median steady step. Each of
+``--trials`` trials runs in a fresh process (cold compiles), alternating whose
+first step comes first. Our steady steps run *between* Tunix's (its train loop
+pulls each batch from a Python generator that times the step that just ended,
+then runs one of ours), so load from other processes hits both alike; ratios
+are taken within a trial and their median reported. Tunix is optional and
+installed apart (see the README).
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ class OursStep:
     """
 
     def __init__(self, path: str, prompts: np.ndarray, *, samples: int, new: int, kl_coef: float,
-                 lr: float, seed: int = 0):  # fmt: skip
+                 lr: float, seed: int = 0, compile_ahead: bool = True):  # fmt: skip
         self.model = models.from_pretrained(path, load_tokenizer=False)
         self.prompts, self.samples, self.new = np.asarray(prompts, np.int32), samples, new
         opt_config = state_lib.default_optimizer_config()
@@ -129,8 +134,20 @@ class OursStep:
         )
         self.key = jax.random.key(seed)
         self.metrics: dict = {}
+        self._compile_ahead = compile_ahead
+
+    def batch_shapes(self) -> dict:
+        """The train batch's shapes, known before sampling: B K rows of P + N tokens."""
+        rows, t = len(self.prompts) * self.samples, self.prompts.shape[1] + self.new
+        return {
+            k: jax.ShapeDtypeStruct((rows, t) if rank == 2 else (rows,), dtype)
+            for k, (rank, dtype) in self.train_step.spec.items()
+        }
 
     def __call__(self) -> dict:
+        if self._compile_ahead:  # the update compiles while the first rollout does
+            self.train_step.compile_ahead(self.state, self.batch_shapes())
+            self._compile_ahead = False
         key = jax.random.fold_in(self.key, int(self.state.step))
         sample_key, step_key = jax.random.split(key)
         out = models.sample(
@@ -285,7 +302,7 @@ def run_trial(args) -> dict:
         )
         kw = dict(samples=args.samples, new=args.new, kl_coef=args.kl_coef, lr=args.lr)
         start = time.perf_counter()
-        ours = OursStep(tmp, prompts, **kw)
+        ours = OursStep(tmp, prompts, **kw, compile_ahead=not args.sequential_compile)
         out["ours_setup"] = time.perf_counter() - start
         tunix = None
         if "tunix" not in skip:
@@ -362,6 +379,11 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--order", default=None, choices=["ours", "tunix"], help="whose first step runs first"
     )
+    parser.add_argument(
+        "--sequential-compile",
+        action="store_true",
+        help="ours: compile the update after sampling (no `TrainStep.compile_ahead`)",
+    )
     parser.add_argument("--skip", default="", help="comma list of anchors to skip: tunix")
     parser.add_argument("--json", default=None)
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -377,7 +399,9 @@ def main(argv=None) -> dict:
     print(
         f"GRPO step, tiny Qwen3 (2 layers, width 64) float32: {args.prompts} prompts x "
         f"{args.samples} samples, prompt {args.prompt}, completion {args.new} (full length), "
-        f"kl {args.kl_coef}; {len(trials)} trial(s) x {args.rounds} steady steps; "
+        f"kl {args.kl_coef}; ours compiles the update "
+        f"{'after sampling' if args.sequential_compile else 'while sampling (compile_ahead)'}; "
+        f"{len(trials)} trial(s) x {args.rounds} steady steps; "
         f"{platform.processor() or 'cpu'} x{os.cpu_count()}, load {min(loads):.1f}-"
         f"{max(loads):.1f}; Tunix: {trials[0]['tunix_note']}"
     )

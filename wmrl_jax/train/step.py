@@ -29,10 +29,14 @@ state donated; a caller places the state once with ``step.shard_state(state)``
     step = make_train_step(graphdef, make_optimizer(cfg.optimizer), cfg, mesh)
     state = step.shard_state(init_train_state(params, optimizer, kl_coef=0.0))
     state, metrics = step(state, batch, key)       # batch: numpy or jax arrays
+
+The first call traces and compiles; ``step.compile_ahead(state, shapes)`` does
+that in a background thread instead, so a loop can overlap it with sampling.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 
 import jax
@@ -396,6 +400,7 @@ class TrainStep:
         self._state_shardings = state_shardings
         self._jitted = None
         self._grads_fn = None
+        self._ahead = None
         self.trace_count = 0
 
     def state_shardings(self, state: state_lib.TrainState):
@@ -499,12 +504,61 @@ class TrainStep:
         """One GRPO step on ``batch``; ``state`` must be placed (`shard_state`) and is donated."""
         self._check_state(state)
         batch = self.shard_batch(batch)
+        self._wait_ahead()
         return self._jit(state)(state, batch, key)
+
+    def compile_ahead(self, state: state_lib.TrainState, batch, key=None):
+        """Traces and compiles the step for ``batch``'s shapes in a background thread.
+
+        A loop knows its batch shapes before it has the batch (B sequences of
+        prompt + completion tokens), so it can start the compile before sampling:
+        XLA then compiles the update while the rollouts, rewards and sandbox
+        executions run, instead of after them. The next call (or `lower`) waits
+        for this compile and reuses it: same jit, same executable, no retrace.
+        Nothing is donated; ``state`` must stay alive until that call.
+
+        Args:
+          state: the placed state the next call will get (only its shapes and
+            shardings are read).
+          batch: dict with the train-batch keys; values are arrays or anything
+            with a ``shape`` (``jax.ShapeDtypeStruct``); checked here, at once.
+          key: a PRNG key of the kind the calls will pass (default: a new-style
+            ``jax.random.key``); another kind of key compiles again.
+
+        Returns:
+          A ``concurrent.futures.Future`` of the compiled step (errors surface
+          from it, and from the next call).
+
+        Example:
+          >>> step.compile_ahead(state, {k: jax.ShapeDtypeStruct((b, t), d) for ...})
+          >>> out = models.sample(...)                  # compiles and runs meanwhile
+          >>> state, metrics = step(state, batch, key)  # waits for the compile, no retrace
+        """
+        self._check_state(state)
+        zeros = {
+            k: np.zeros(np.shape(batch[k]), d) for k, (_, d) in self.spec.items() if k in batch
+        }
+        placed = self.shard_batch(zeros)
+        jitted = self._jit(state)
+        key = jax.random.key(0) if key is None else key
+        self._wait_ahead()
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile_ahead")
+        self._ahead = executor.submit(lambda: jitted.lower(state, placed, key).compile())
+        executor.shutdown(wait=False)
+        return self._ahead
+
+    def _wait_ahead(self) -> None:
+        """Waits for a `compile_ahead` in flight (a second compile would duplicate it)."""
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            ahead.result()
 
     def lower(self, state: state_lib.TrainState, batch, key):
         """The step traced and lowered for these arguments (no XLA compile, nothing donated)."""
         self._check_state(state)
-        return self._jit(state).lower(state, self.shard_batch(batch), key)
+        batch = self.shard_batch(batch)
+        self._wait_ahead()
+        return self._jit(state).lower(state, batch, key)
 
     def loss_and_grads(self, state: state_lib.TrainState, batch):
         """First-epoch ``(loss, grads, metrics)`` at ``state`` (not donated, no update)."""
