@@ -26,7 +26,10 @@ What does not change:
   step t) is not charged;
 * resume: the batch sampled ahead travels with the checkpoint (`encode`,
   `decode`: its exact bytes in the JSON metadata, a few MB for an LLM's batch),
-  so a resumed run trains on what the uninterrupted run did.
+  so a resumed run trains on what the uninterrupted run did. (A run extended
+  past its `num_steps` starts the extension with a fresh batch: its last step
+  sampled nothing ahead. From there on it differs from a run configured
+  longer from the start.)
 
 Sampling ahead happens in the trainer's own thread, between submitting and
 collecting: the concurrency is the outcome source's (its pool, the sandboxes).
