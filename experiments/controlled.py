@@ -11,6 +11,7 @@ section between its markers.
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from absl import app, flags, logging
@@ -27,18 +28,45 @@ _WORKDIR = flags.DEFINE_string("workdir", "outputs/controlled", "Where outputs g
 _README = flags.DEFINE_string("readme", None, "README to update between the controlled markers.")
 
 
+_RENDER_ONLY = flags.DEFINE_bool(
+    "render_only",
+    False,
+    "Only rewrite table.md and the README section from --workdir/results.json (no plot).",
+)
+_COMMAND = "python -m experiments.controlled --config=experiments/configs/controlled.py"
+
+
+def _tables(summary: dict, sweep: dict, *, fraction: float, seeds: int, steps: int) -> str:
+    return (
+        f"At blind-spot fraction {fraction:.0%}, {seeds} seeds, "
+        f"{steps} updates per arm:\n\n{controlled.format_table(summary)}\n\n"
+        f"Final true reward over the blind-spot sweep (same seeds and updates):\n\n"
+        f"{controlled.format_sweep(sweep)}"
+    )
+
+
+def render(workdir: str, readme: str | None = None) -> str:
+    """Rewrites `workdir/table.md` (and the README section) from `workdir/results.json`."""
+    workdir = pathlib.Path(workdir)
+    payload = json.loads((workdir / "results.json").read_text())
+    config = payload["config"]
+    sweep = {float(f): s for f, s in payload["blind_spot_sweep"].items()}
+    table = _tables(
+        payload["summary"], sweep, fraction=float(config["world_model"]["blind_spot_fraction"]),
+        seeds=config["num_seeds"], steps=config["num_steps"],
+    )  # fmt: skip
+    (workdir / "table.md").write_text(table + "\n")
+    if readme:
+        write_section(readme, "controlled", f"`{_COMMAND}`\n\n{table}")
+    return table
+
+
 def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
     """Runs the study and its blind-spot sweep, writes the outputs; returns the summary."""
     results = controlled.run_study(config)
     summary = controlled.summarize(results, config)
     fraction = float(config.world_model.blind_spot_fraction)
     sweep = controlled.run_sweep(config, known={fraction: summary})
-    table = (
-        f"At blind-spot fraction {fraction:.0%}, {config.num_seeds} seeds, "
-        f"{config.num_steps} updates per arm:\n\n{controlled.format_table(summary)}\n\n"
-        f"Final true reward over the blind-spot sweep (same seeds and updates):\n\n"
-        f"{controlled.format_sweep(sweep)}"
-    )
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     curves = {arm: {k: v.mean(0) for k, v in out.items()} for arm, out in results.items()}
@@ -51,10 +79,7 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
             "blind_spot_sweep": {str(f): s for f, s in sweep.items()},
         },
     )
-    (workdir / "table.md").write_text(table + "\n")
-    if readme:
-        command = "python -m experiments.controlled --config=experiments/configs/controlled.py"
-        write_section(readme, "controlled", f"`{command}`\n\n{table}")
+    table = render(workdir, readme)
     report.plot_study(results, config, workdir / "controlled.png")
     print(table)
     logging.info("Wrote %s", workdir)
@@ -64,6 +89,9 @@ def run_and_report(config, workdir: str, readme: str | None = None) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if _RENDER_ONLY.value:
+        print(render(_WORKDIR.value, _README.value))
+        return
     run_and_report(_CONFIG.value, _WORKDIR.value, _README.value)
 
 

@@ -63,6 +63,14 @@ def test_blind_spot_sweep_table_and_readme(study):
     assert "| 0% |" in table and "| 15% |" in table and "wins among the arms" in table
     readme = (workdir / "README.md").read_text()
     assert "old" not in readme and table.strip() in readme and readme.endswith("tail\n")
+    # --render_only writes the same tables from results.json alone.
+    (workdir / "table.md").unlink()
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.controlled", f"--workdir={workdir}", "--render_only"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (workdir / "table.md").read_text() == table
 
 
 def test_winners_are_the_best_arm_and_its_statistical_ties():

@@ -8,6 +8,7 @@ import pytest
 from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.train import arms, stages
+from wmrl_jax.train.ledger import LedgerStep
 
 
 def _outcome(reward):
@@ -91,3 +92,17 @@ def test_step_metrics_count_missing_programs_and_wm_parse_causes():
         parse_causes={}))  # fmt: skip
     assert not any(k.startswith(("programs/", "wm/parse_fail/", "wm/clamped"))
                    for k in stages.step_metrics(recipe, arms.get("wmrl")))  # fmt: skip
+
+
+def test_a_rollout_is_charged_its_generation_and_its_tools_apart():
+    timing = LedgerStep()
+    rollout = Rollout(
+        programs=["x"], batch={}, gen_tokens=0, tool_calls=3, tool_seconds=2.5,
+        tool_wait_seconds=1.5,
+    )  # fmt: skip
+    stages.charge_rollout(timing, rollout, 4.0)
+    ledger = timing.ledger()
+    assert (ledger.gen_seconds, ledger.tool_seconds, ledger.tool_calls) == (2.5, 2.5, 3)
+    assert ledger.compute_seconds == pytest.approx(5.0)  # generation + the tools' sandbox
+    stages.charge_rollout(timing, rollout._replace(tool_wait_seconds=9.0), 4.0)
+    assert timing.ledger().gen_seconds == 2.5  # waiting longer than the rollout took: 0 s

@@ -390,9 +390,14 @@ def format_sweep(sweep: dict[float, dict]) -> str:
     arms = list(next(iter(sweep.values())))
     spent = next(iter(sweep.values()))
     budget = spent["wmrl"]["total_executions"] if "wmrl" in spent else math.inf
+    # Arms whose executions depend on the WM (adaptive ρ) give them in each cell.
+    varies = {a for a in arms if len({round(s[a]["total_executions"]) for s in sweep.values()}) > 1}
     lines = [
         "Real executions per seed: "
-        + ", ".join(f"{a} {spent[a]['total_executions']:.0f}" for a in arms)
+        + ", ".join(
+            f"{a} {spent[a]['total_executions']:.0f}" if a not in varies else f"{a} in its cells"
+            for a in arms
+        )
         + ".",
         "",
         "| WM blind spots | " + " | ".join(arms) + " | wins (within 2 s.e. of the best) "
@@ -402,6 +407,7 @@ def format_sweep(sweep: dict[float, dict]) -> str:
     for fraction, summary in sweep.items():
         cells = [
             f"{summary[a]['final_true_reward']:.3f} ± {summary[a]['final_true_reward_se']:.3f}"
+            + (f" ({summary[a]['total_executions']:.0f} executions)" if a in varies else "")
             for a in arms
         ]
         cheap = {a: r for a, r in summary.items() if r["total_executions"] <= budget}

@@ -53,7 +53,7 @@ from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap,
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
-from wmrl_jax.train.config import validate_config
+from wmrl_jax.train.config import base_config, validate_config
 from wmrl_jax.train.console import Console
 from wmrl_jax.train.evaluation import evaluate
 from wmrl_jax.train.execution import Runner
@@ -70,16 +70,27 @@ RESUMABLE_KEYS = ("num_steps", "eval_every", "checkpoint")
 StepHook = Callable[[StepRecord], Mapping[str, float]]
 
 
-def resume_mismatch(saved: dict, current: dict, prefix: str = "") -> list[str]:
+def resume_mismatch(
+    saved: dict, current: dict, prefix: str = "", defaults: dict | None = None
+) -> list[str]:
     """Dotted config keys whose values differ between two config dicts, outside
-    `RESUMABLE_KEYS` (top level only), sorted."""
+    `RESUMABLE_KEYS` (top level only), sorted.
+
+    A key the saved config lacks (an option added since the checkpoints were
+    written) is no difference where its current value is its value in
+    `defaults` (the default config): the earlier run behaved that way.
+    """
     out = []
     for k in sorted(set(saved) | set(current)):
         if not prefix and k in RESUMABLE_KEYS:
             continue
         a, b = saved.get(k, "<absent>"), current.get(k, "<absent>")
+        default = (defaults or {}).get(k, "<absent>")
+        if a == "<absent>" and b != "<absent>" and b == default:
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
-            out += resume_mismatch(a, b, f"{prefix}{k}.")
+            inner = default if isinstance(default, dict) else None
+            out += resume_mismatch(a, b, f"{prefix}{k}.", inner)
         elif a != b:
             out.append(f"{prefix}{k}")
     return out
@@ -250,7 +261,8 @@ class Trainer:
             saved, current = (
                 json.loads(c) for c in (meta["config"], self.config.to_json_best_effort())
             )
-            why += [f"config {k}" for k in resume_mismatch(saved, current)]
+            defaults = json.loads(base_config(self.config.agent.kind).to_json_best_effort())
+            why += [f"config {k}" for k in resume_mismatch(saved, current, defaults=defaults)]
             if saved.get("num_steps") != current["num_steps"] and (
                 current["optimizer"]["total_steps"] < 1
             ):
@@ -336,15 +348,18 @@ class Trainer:
         """`(rollout, stale)`: the batch sampled ahead for this step (stale), else a fresh one."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None and (ahead.step, ahead.task_ids) == (step, overlap.task_ids(tasks)):
-            timing.add(gen_seconds=ahead.gen_seconds)  # Charged to the step that trains on it.
+            # Charged to the step that trains on it.
+            stages.charge_rollout(timing, ahead.rollout, ahead.gen_seconds)
             return ahead.rollout, True
         if ahead is not None:  # Spent compute all the same: charged, then sampled afresh.
             log.warning("step %d: the batch sampled ahead was for other tasks; resampling", step)
-            timing.add(gen_seconds=ahead.gen_seconds, gen_tokens=ahead.rollout.gen_tokens)
-        with timing.timed("gen_seconds"):
+            stages.charge_rollout(timing, ahead.rollout, ahead.gen_seconds)
+            timing.add(gen_tokens=ahead.rollout.gen_tokens)
+        with Timer() as timer:
             rollout = self.agent.rollout(
                 self.state.params, tasks, group_size=self.config.group_size, key=key
             )
+        stages.charge_rollout(timing, rollout, timer.seconds)
         return rollout, False
 
     def _sample_ahead(self, step: int) -> None:
@@ -588,8 +603,8 @@ class EvalSchedule:
         if self.budget <= 0:
             return step % self.every == 0
         last = history[-1] if history else {}
-        spent_then = sum(float(last.get(k, 0.0)) for k in ("gen_seconds", "wm_seconds",
-                                                          "exec_seconds"))  # fmt: skip
+        fields = ("gen_seconds", "wm_seconds", "exec_seconds", "tool_seconds")
+        spent_then = sum(float(last.get(k, 0.0)) for k in fields)
         grid = self.budget / self.points
         return int(ledger.compute_seconds // grid) > int(spent_then // grid)
 

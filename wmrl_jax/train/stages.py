@@ -25,7 +25,7 @@ from wmrl_jax.agents.programs import PROGRAM_CAUSES
 from wmrl_jax.core import grpo
 from wmrl_jax.envs.task import Task
 from wmrl_jax.train.arms import Arm
-from wmrl_jax.train.ledger import Ledger
+from wmrl_jax.train.ledger import Ledger, LedgerStep
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,20 @@ class StepRecord:
     @property
     def num_rows(self) -> int:
         return len(self.rollout.programs)
+
+
+def charge_rollout(timing: LedgerStep, rollout: Rollout, seconds: float) -> None:
+    """Charges a rollout that took `seconds` of wall time to `timing`.
+
+    Generation is charged the wall seconds less those spent waiting on sandbox
+    tools (multi-turn episodes); the tools are charged their own sandbox
+    seconds (`tool_seconds`), like executions, and counted (`tool_calls`).
+    """
+    timing.add(
+        gen_seconds=max(float(seconds) - float(rollout.tool_wait_seconds), 0.0),
+        tool_calls=float(rollout.tool_calls),
+        tool_seconds=float(rollout.tool_seconds),
+    )
 
 
 def step_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> list[Task]:
