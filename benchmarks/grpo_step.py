@@ -1,7 +1,8 @@
 """The whole GRPO step -- sample, reward, reference forward, update -- against Tunix's learner.
 
     python -m benchmarks.grpo_step [--prompts 4] [--samples 4] [--prompt 32] [--new 32]
-        [--trials 3] [--rounds 10] [--sequential-compile] [--skip tunix] [--json PATH]
+        [--trials 3] [--rounds 10] [--compile-ahead] [--reward-wait 0] [--skip tunix]
+        [--json PATH]
 
 One step, as a GRPO loop runs it: sample ``--samples`` completions of exactly
 ``--new`` tokens (no stop token can fire) for each of ``--prompts`` prompts of
@@ -16,9 +17,10 @@ both implementations.
   per prompt, its cache copied for the samples), the batch built from its
   tokens and sampling log-probs (`grpo_batch`), then
   `wmrl_jax.train.step.TrainStep` (reference forward inside the jitted step).
-  The first step starts `TrainStep.compile_ahead` before sampling, so the
-  update compiles while the sampler compiles and runs (a loop knows its batch
-  shapes in advance); ``--sequential-compile`` compiles it after sampling.
+  With ``--compile-ahead`` the first step starts `TrainStep.compile_ahead`
+  before sampling, so the update compiles while the sampler compiles and runs
+  (a loop knows its batch shapes in advance). ``--reward-wait S`` makes every
+  reward take S seconds more (both implementations), as sandbox executions do.
 * ``tunix``: Tunix's ``GrpoLearner`` on an ``RLCluster`` (vanilla rollout,
   actor, rollout and reference on one one-device mesh), driven by its own
   ``train`` loop; Tunix's sampler takes text, so the prompts are drawn to
@@ -119,7 +121,8 @@ class OursStep:
     """
 
     def __init__(self, path: str, prompts: np.ndarray, *, samples: int, new: int, kl_coef: float,
-                 lr: float, seed: int = 0, compile_ahead: bool = True):  # fmt: skip
+                 lr: float, seed: int = 0, compile_ahead: bool = False,
+                 reward_wait: float = 0.0):  # fmt: skip
         self.model = models.from_pretrained(path, load_tokenizer=False)
         self.prompts, self.samples, self.new = np.asarray(prompts, np.int32), samples, new
         opt_config = state_lib.default_optimizer_config()
@@ -135,6 +138,7 @@ class OursStep:
         self.key = jax.random.key(seed)
         self.metrics: dict = {}
         self._compile_ahead = compile_ahead
+        self.reward_wait = reward_wait
 
     def batch_shapes(self) -> dict:
         """The train batch's shapes, known before sampling: B K rows of P + N tokens."""
@@ -161,6 +165,7 @@ class OursStep:
             num_samples=self.samples,
         )
         rewards = token_reward(out.tokens, self.model.config.vocab_size)
+        time.sleep(self.reward_wait)  # a sandbox's execution time, if simulated
         batch = grpo_batch(self.prompts, out, rewards)
         self.state, metrics = self.train_step(self.state, batch, step_key)
         self.metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -186,7 +191,7 @@ def round_trip_prompts(tokenizer, rng, *, count: int, length: int) -> np.ndarray
 
 
 def make_tunix(path: str, prompts: np.ndarray, *, samples: int, new: int, kl_coef: float,
-               lr: float):  # fmt: skip
+               lr: float, reward_wait: float = 0.0):  # fmt: skip
     """Tunix's GRPO learner on our checkpoint, and the training input of one step."""
     import optax
     from transformers import AutoTokenizer
@@ -235,7 +240,12 @@ def make_tunix(path: str, prompts: np.ndarray, *, samples: int, new: int, kl_coe
         epsilon=0.2,
         loss_agg_mode="token-mean",
     )
-    learner = grpo_learner.GrpoLearner(cluster, algo, reward_fns=[text_reward])
+
+    def reward(prompts, completions, **kwargs):
+        time.sleep(reward_wait)  # a sandbox's execution time, if simulated
+        return text_reward(prompts, completions, **kwargs)
+
+    learner = grpo_learner.GrpoLearner(cluster, algo, reward_fns=[reward])
     text = [tokenizer.decode(row) for row in prompts]
     return learner, {"prompts": np.asarray(text)}  # one leaf: the learner repeats it per sample
 
@@ -302,12 +312,16 @@ def run_trial(args) -> dict:
         )
         kw = dict(samples=args.samples, new=args.new, kl_coef=args.kl_coef, lr=args.lr)
         start = time.perf_counter()
-        ours = OursStep(tmp, prompts, **kw, compile_ahead=not args.sequential_compile)
+        ours = OursStep(
+            tmp, prompts, **kw, compile_ahead=args.compile_ahead, reward_wait=args.reward_wait
+        )
         out["ours_setup"] = time.perf_counter() - start
         tunix = None
         if "tunix" not in skip:
             start = time.perf_counter()
-            tunix, out["tunix_note"] = anchor(make_tunix, tmp, prompts, **kw)
+            tunix, out["tunix_note"] = anchor(
+                make_tunix, tmp, prompts, **kw, reward_wait=args.reward_wait
+            )
             out["tunix_setup"] = time.perf_counter() - start
         if ours_first or tunix is None:
             out["ours_first"] = timed(ours)
@@ -380,9 +394,15 @@ def main(argv=None) -> dict:
         "--order", default=None, choices=["ours", "tunix"], help="whose first step runs first"
     )
     parser.add_argument(
-        "--sequential-compile",
+        "--compile-ahead",
         action="store_true",
-        help="ours: compile the update after sampling (no `TrainStep.compile_ahead`)",
+        help="ours: compile the update while sampling (`TrainStep.compile_ahead`)",
+    )
+    parser.add_argument(
+        "--reward-wait",
+        type=float,
+        default=0.0,
+        help="seconds each step's reward waits (both), as for sandbox executions",
     )
     parser.add_argument("--skip", default="", help="comma list of anchors to skip: tunix")
     parser.add_argument("--json", default=None)
@@ -400,7 +420,8 @@ def main(argv=None) -> dict:
         f"GRPO step, tiny Qwen3 (2 layers, width 64) float32: {args.prompts} prompts x "
         f"{args.samples} samples, prompt {args.prompt}, completion {args.new} (full length), "
         f"kl {args.kl_coef}; ours compiles the update "
-        f"{'after sampling' if args.sequential_compile else 'while sampling (compile_ahead)'}; "
+        f"{'while sampling (compile_ahead)' if args.compile_ahead else 'after sampling'}; "
+        f"reward wait {args.reward_wait:g} s; "
         f"{len(trials)} trial(s) x {args.rounds} steady steps; "
         f"{platform.processor() or 'cpu'} x{os.cpu_count()}, load {min(loads):.1f}-"
         f"{max(loads):.1f}; Tunix: {trials[0]['tunix_note']}"

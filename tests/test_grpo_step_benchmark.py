@@ -48,7 +48,9 @@ def test_grpo_batch_layout_and_advantages():
 
 def test_ours_step_samples_full_length_and_updates_on_policy(checkpoint):
     prompts = np.random.default_rng(0).integers(3, 300, size=(B, P)).astype(np.int32)
-    step = grpo_step.OursStep(checkpoint, prompts, samples=K, new=N, kl_coef=0.04, lr=1e-3)
+    step = grpo_step.OursStep(
+        checkpoint, prompts, samples=K, new=N, kl_coef=0.04, lr=1e-3, compile_ahead=True
+    )
     before = jax.tree_util.tree_map(np.asarray, step.state.params)
     metrics = step()
     assert int(step.state.step) == 1

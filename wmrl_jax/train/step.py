@@ -515,7 +515,10 @@ class TrainStep:
         XLA then compiles the update while the rollouts, rewards and sandbox
         executions run, instead of after them. The next call (or `lower`) waits
         for this compile and reuses it: same jit, same executable, no retrace.
-        Nothing is donated; ``state`` must stay alive until that call.
+        Nothing is donated; ``state`` must stay alive until that call. It pays
+        when the host has idle cores or the loop waits (sandbox executions); on
+        a CPU the sampler already saturates, the two compiles compete and the
+        first step gets slower (``benchmarks.grpo_step --compile-ahead``).
 
         Args:
           state: the placed state the next call will get (only its shapes and
