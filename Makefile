@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.train_step --preset tiny --json outputs/bench/train_step.json
 	$(PY) -m benchmarks.scaleout --json outputs/bench/scaleout.json
 	$(PY) -m benchmarks.grpo_step --skip tunix --trials 1 --json outputs/bench/grpo_step.json
+	$(PY) -m benchmarks.overlap --json outputs/bench/overlap.json
 
 # Rebuilds the committed tiny checkpoints and their reference outputs (needs
 # `pip install torch==2.13.0`; tests themselves never need torch).
