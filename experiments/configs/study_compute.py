@@ -11,13 +11,18 @@ execution seconds. Every run stops when it has spent the same measured compute
 it, the arms that execute a tenth of the groups about 500 (`num_steps` caps
 the arms that spend almost nothing).
 Variants: ``:runlocal`` (the core suite, one seed, a few steps: what the tests
-run), ``:sweeps`` (adds the anchor-fraction and warm-start sweeps) and ``:wm``
-(adds the world-model variants; run it with ``--extend`` after the arms).
+run), ``:sweeps`` (adds the anchor-fraction and warm-start sweeps), ``:beyond``
+(adds the arms beyond the paper) and ``:wm`` (those and the world-model
+variants); run the last two with ``--extend`` after the paper's arms, so that
+each command stays within an hour here.
 """
 
 import ml_collections
 
 from wmrl_jax.train.config import base_config
+
+# The arms beyond the paper, each on top of `wmrl` (`wmrl_jax.train.arms`).
+BEYOND = ("wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive")
 
 
 def get_config(arg: str | None = None):
@@ -55,10 +60,8 @@ def get_config(arg: str | None = None):
     config.study = ml_collections.ConfigDict()
     config.study.num_seeds = 5
     config.study.workers = 2  # Seeds run in parallel processes (one per core here).
-    config.study.arms = (
-        "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
-        "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
-    )  # fmt: skip
+    # The paper's arms and the control; `:beyond` adds the ideas beyond the paper.
+    config.study.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl")
     config.study.rho_sweep = ()
     config.study.warm_sweep = ()  # Warm-start steps: the WM's quality.
     config.study.warm_sweep_arms = ("wmrl", "real")
@@ -84,7 +87,9 @@ def get_config(arg: str | None = None):
     elif arg == "sweeps":
         config.study.rho_sweep = (0.05, 0.2, 0.3)
         config.study.warm_sweep = (40, 600)
-    elif arg == "wm":
+    elif arg in ("beyond", "wm"):
+        config.study.arms += BEYOND
+    if arg == "wm":
         # Attempts at a better world model, each beside the control it must beat: the
         # correction's per-sample variance; the WM loss weighted 3x on executed samples;
         # a 4x longer warm start (which also moves the policy's start, so `real` and
@@ -97,7 +102,7 @@ def get_config(arg: str | None = None):
             f"anchors_only_warm600: arm=anchors_only, {warm}",
             f"real_warm600: arm=real, {warm}",
         )
-    elif arg:
-        raise ValueError(f"unknown config variant {arg!r} (known: runlocal, sweeps, wm)")
+    if arg not in (None, "", "runlocal", "sweeps", "beyond", "wm"):
+        raise ValueError(f"unknown config variant {arg!r} (known: runlocal, sweeps, beyond, wm)")
     config.lock()
     return config
