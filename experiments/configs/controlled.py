@@ -9,6 +9,8 @@ seconds, for tests and smoke runs). Override any field, e.g.
 
 import ml_collections
 
+from wmrl_jax.train.config import adaptive_rho_config
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """Returns the study config; `arg` selects a variant ("runlocal")."""
@@ -53,13 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.anchors = ml_collections.ConfigDict()
     config.anchors.uniform_share = 0.5
     # Adaptive ρ (wmrl_adaptive), as in the trainer's config.anchors.adaptive.
-    config.anchors.adaptive = ml_collections.ConfigDict()
-    config.anchors.adaptive.rho_min = 0.025
-    config.anchors.adaptive.rho_max = 0.3
-    config.anchors.adaptive.fast_halflife = 10.0
-    config.anchors.adaptive.slow_halflife = 100.0
-    config.anchors.adaptive.gain = 1.0
-    config.anchors.adaptive.warmup_steps = 20
+    config.anchors.adaptive = adaptive_rho_config()
 
     # The WM's blind-spot fraction swept in one table (where each arm wins).
     config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)

@@ -101,9 +101,10 @@ def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor, rows:
     return fed.reshape(b, g), correction.debias(state, pred), state
 
 
-def _choose_anchors(arm, config, correction, carry, pred, key, k: int):
+def _choose_anchors(arm, config, correction, carry, pred, key, k):
     """`(anchor groups [B], weights [B])`: uniform, or for an "active" arm drawn by the rank of
-    each group's best debiased prediction (the policy's next exploit), weighted 1/π."""
+    each group's best debiased prediction (the policy's next exploit), weighted 1/π.
+    `k` may be traced (an adaptive ρ's draw) for the uniform policy."""
     b = pred.shape[0]
     if arm.anchor_policy != "active":
         groups = jax.random.permutation(key, b) < k

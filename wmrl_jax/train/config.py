@@ -37,6 +37,16 @@ class ConfigError(ValueError):
     """A config that cannot run; raised before any work is done."""
 
 
+def adaptive_rho_config() -> ml_collections.ConfigDict:
+    """Adaptive ρ's settings (`wmrl_jax.core.rho`), shared by the trainer and the
+    controlled study: bounds of ρ_t, the error EMAs' half-lives in steps, the
+    drift's exponent and the measured steps before ρ_t leaves its base."""
+    return ml_collections.ConfigDict(
+        {"rho_min": 0.025, "rho_max": 0.3, "fast_halflife": 10.0, "slow_halflife": 100.0,
+         "gain": 1.0, "warmup_steps": 20}
+    )  # fmt: skip
+
+
 def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     """The default training config (the tiny CPU main job's values) for an agent kind."""
     config = ml_collections.ConfigDict()
@@ -57,13 +67,7 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # Adaptive ρ (arms with `adaptive_rho`, `wmrl_jax.core.rho`): ρ_t = anchor_fraction ·
     # (fast / slow EMA of the WM's out-of-sample squared error)^gain, clipped to
     # [rho_min, rho_max]; anchor_fraction for the first warmup_steps measured steps.
-    config.anchors.adaptive = ml_collections.ConfigDict()
-    config.anchors.adaptive.rho_min = 0.025
-    config.anchors.adaptive.rho_max = 0.3
-    config.anchors.adaptive.fast_halflife = 10.0  # steps
-    config.anchors.adaptive.slow_halflife = 100.0  # steps
-    config.anchors.adaptive.gain = 1.0
-    config.anchors.adaptive.warmup_steps = 20
+    config.anchors.adaptive = adaptive_rho_config()
     config.advantage = "std"
     config.eval_every = 10
     # Held-out programs per task: 0 = one greedy program; K > 0 = K policy samples
