@@ -44,7 +44,7 @@ NUM_RECIPES: int = SLOT_SIZES[0] * SLOT_SIZES[1] * SLOT_SIZES[2] * SLOT_SIZES[3]
 CLASSIFICATION_METRICS = ("accuracy", "log_loss", "auc")
 REGRESSION_METRICS = ("rmse", "mae", "r2")
 # The environment variable carrying the replicate index; executors set it
-# (`outcomes.SandboxOutcomes`, `tabular.run_in_process`).
+# (`outcomes.SandboxOutcomes`, `table_build.run_in_process`).
 REPLICATE_ENV = "WMRL_REPLICATE"
 # Share of the training rows every program holds out to report a validation score.
 VALIDATION = 0.2
