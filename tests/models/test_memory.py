@@ -15,7 +15,7 @@ from tests.models.conftest import ALL_NAMES, fixture_path
 from wmrl_jax.models import api, architectures, gated_delta, memory, qwen3, qwen3_5, sharding
 from wmrl_jax.models.config import config_from_dict
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
-from wmrl_jax.train import step
+from wmrl_jax.train import loss, step
 
 
 def _fixture_config(name):
@@ -135,9 +135,9 @@ def test_train_estimates_track_xla_buffer_assignment(tokens, remat, vocab):
     step_config.compute_dtype, step_config.remat = "bfloat16", remat
     batch = {
         k: jax.ShapeDtypeStruct((rows, tokens) if rank == 2 else (rows,), dtype)
-        for k, (rank, dtype) in step.BATCH_SPEC.items()
+        for k, (rank, dtype) in loss.BATCH_SPEC.items()
     }
-    grads = jax.jit(lambda p, b: step.loss_and_grads(graphdef, p, b, config=step_config)[1])
+    grads = jax.jit(lambda p, b: loss.loss_and_grads(graphdef, p, b, config=step_config)[1])
     xla = grads.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
     ratio = rows * memory.train_bytes_per_row(config, tokens, 2, remat=remat) / xla
     assert 0.95 <= ratio <= 1.8, ratio
