@@ -1,9 +1,8 @@
-"""TextAgent on the tiny committed Qwen3 checkpoint: batch layout, log-probs, prompts, WM."""
+"""TextAgent on the tiny committed Qwen3 checkpoint: batch layout, log-probs, generation, WM."""
 
 from __future__ import annotations
 
 import json
-import math
 import types
 
 import jax
@@ -11,66 +10,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.envs.conftest import base_manifest
+from tests.agents.conftest import FIXTURE, STOPS, M, P, text_agent, text_task
 from tests.models.conftest import load
 from wmrl_jax import models
-from wmrl_jax.agents.base import Rollout
-from wmrl_jax.agents.text import (
-    TextAgent,
-    WMOutput,
-    extract_program,
-    middle_cut,
-    solver_instructions,
-)
-from wmrl_jax.envs.task import parse_manifest
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.agents.programs import extract_program
+from wmrl_jax.agents.text.agent import TextAgent
 from wmrl_jax.models.sampler import SampleOutput, _sample
-
-FIXTURE = "qwen3_gqa1_tied"  # smallest full-attention fixture: 2 layers, width 64, vocab 384
-P, M = 768, 8
-STOPS = tuple(range(0, 384, 3))  # many stop ids, so gibberish rows stop at varied lengths
-
-
-def _task(task_id="toy", description="Predict the target from features f0..f3.", report=None):
-    spec = parse_manifest(base_manifest(id=task_id), "unused")
-    return types.SimpleNamespace(
-        id=task_id,
-        public_dir=f"public-{task_id}",
-        description=description,
-        data_report="rows: 100\ncolumns: id, f0, f1, target" if report is None else report,
-        submission=spec.submission,
-        metric=spec.metric,
-    )
-
-
-def _agent(**kw):
-    model = load(FIXTURE)
-    args = dict(
-        max_prompt_tokens=P,
-        max_new_tokens=M,
-        wm_max_new_tokens=8,
-        wm_samples=2,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        stop_ids=STOPS,
-    )
-    args.update(kw)
-    return model, TextAgent(model.graphdef, model.tokenizer, **args)
 
 
 @pytest.fixture(scope="module")
 def rolled():
-    model, agent = _agent()
-    tasks = [_task("a"), _task("b", description="Classify rows; metric accuracy.")]
+    model, agent = text_agent()
+    tasks = [text_task("a"), text_task("b", description="Classify rows; metric accuracy.")]
     ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(3))
     return model, agent, tasks, ro
-
-
-def test_middle_cut():
-    assert middle_cut("abcdef", 10) == "abcdef"
-    cut = middle_cut("abcdefghij", 4)
-    assert cut.startswith("ab\n") and cut.endswith("\nij") and "6 characters truncated" in cut
-    assert middle_cut("abc", 0).endswith("3 characters truncated ...]\n")
 
 
 def test_rollout_batch_layout(rolled):
@@ -126,8 +80,8 @@ def test_second_rollout_does_not_recompile(rolled):
 
 
 def test_batch_size_chunks_keep_rows_and_shapes():
-    model, agent = _agent(batch_size=3)
-    tasks = [_task("a"), _task("b")]
+    model, agent = text_agent(batch_size=3)
+    tasks = [text_task("a"), text_task("b")]
     ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(5))
     assert ro.batch["tokens"].shape == (4, P + M) and len(ro.programs) == 4
     before = _sample._cache_size()
@@ -142,28 +96,9 @@ def test_greedy_programs_deterministic(rolled):
     assert agent.greedy_programs(model.params, []) == []
 
 
-def test_prompt_truncation_keeps_instructions():
-    model, agent = _agent()
-    head, tail = "HEADMARK " * 40, " TAILMARK" * 40
-    long = _task("long", description=head + "filler words " * 3000 + tail)
-    ids = agent.solver_prompt_ids(long)
-    assert len(ids) <= P
-    text = model.tokenizer.decode(ids)
-    assert solver_instructions(long) in text
-    assert "characters truncated" in text and "HEADMARK" in text and "TAILMARK" in text
-    assert text.rstrip().endswith("<|im_start|>assistant")
-    short = model.tokenizer.decode(agent.solver_prompt_ids(_task()))
-    reference = models.render_chat(model.tokenizer, agent.solver_messages(_task()))
-    assert agent.solver_prompt_ids(_task()) == reference.ids.tolist()
-    assert "truncated" not in short and "features f0..f3" in short
-    _, tiny = _agent(max_prompt_tokens=64)
-    with pytest.raises(ValueError, match="instructions alone"):
-        tiny.solver_prompt_ids(_task())
-
-
 def test_predict_on_gibberish_is_unusable():
-    model, agent = _agent(stop_ids=(2,))
-    tasks = [_task("a")]
+    model, agent = text_agent(stop_ids=(2,))
+    tasks = [text_task("a")]
     ro = agent.rollout(model.params, tasks, group_size=2, key=jax.random.key(7))
     # Rows with a program (random weights seldom write one) are what the WM is asked about.
     ro = ro._replace(programs=["print(1)", "x = 2"], causes=("ok", "ok"))
@@ -197,9 +132,9 @@ def test_predict_parses_stubbed_answers():
     ans = lambda p, q: "Reasoning. " + json.dumps({"valid_probability": p, "percentile": q})
     answers = [ans(1, 0.6), ans(1, 0.8), "no json here", ans(0.5, 1.0)]
     calls = []
-    model, agent = _agent(sample_fn=_stub(answers, calls), invalid_reward=0.0, stop_ids=(2,))
+    model, agent = text_agent(sample_fn=_stub(answers, calls), invalid_reward=0.0, stop_ids=(2,))
     ro = Rollout(["print(1)", "print(2)"], {}, 0)
-    out = agent.predict(model.params, [_task("a")], ro, key=jax.random.key(0))
+    out = agent.predict(model.params, [text_task("a")], ro, key=jax.random.key(0))
     # Row 0: mean of 0.6 and 0.8, variance 0 + sample variance 0.02 (law of total variance).
     # Row 1: one usable answer, p = 0.5, q = 1: mean 0.5, variance p (1 - p) q^2 = 0.25.
     np.testing.assert_allclose(out.mean, [0.7, 0.5], atol=1e-6)
@@ -211,8 +146,10 @@ def test_predict_parses_stubbed_answers():
 
 def test_rollout_rows_without_a_program_carry_their_cause():
     texts = ["```python\nprint(1)\n```", "I cannot.", "```py\nx = (\n```", ""]
-    model, agent = _agent(sample_fn=_stub(texts, []), stop_ids=(2,))
-    ro = agent.rollout(model.params, [_task("a"), _task("b")], group_size=2, key=jax.random.key(0))
+    model, agent = text_agent(sample_fn=_stub(texts, []), stop_ids=(2,))
+    ro = agent.rollout(
+        model.params, [text_task("a"), text_task("b")], group_size=2, key=jax.random.key(0)
+    )
     assert ro.programs == ["print(1)\n", "", "", ""]
     assert ro.causes == ("ok", "no_code", "syntax_error", "empty")
     assert agent.describe(ro) == [
@@ -228,45 +165,21 @@ def test_predict_asks_nothing_about_rows_without_a_program():
     # K = 2 answers per asked row (rows 0 and 2), then what the two padded rows get.
     answers = [ans(1, 0.6), '{"valid_probability": 0.5, "percentile": 0.', ans(1.5, 0.2), "?"]
     calls = []
-    model, agent = _agent(sample_fn=_stub(answers + ["pad"] * 2, calls), stop_ids=(2,))
+    model, agent = text_agent(sample_fn=_stub(answers + ["pad"] * 2, calls), stop_ids=(2,))
     agent.invalid_reward = 0.0
     ro = Rollout(["print(1)", "", "print(3)"], {}, 0, ("ok", "no_code", "ok"))
-    out = agent.predict(model.params, [_task("a")], ro, key=jax.random.key(0))
+    out = agent.predict(model.params, [text_task("a")], ro, key=jax.random.key(0))
     assert calls[0][0] == (3 * 2, agent.wm_max_prompt_tokens)  # one shape for N * K rows
     np.testing.assert_allclose(out.mean, [0.6, np.nan, 0.2], atol=1e-6)
     assert out.var[1] == np.inf and np.isfinite(out.var[[0, 2]]).all()
     assert out.parse_failures == 0 and agent.last_answer_failures == 2
     assert out.parse_causes == {"no_json": 1, "truncated": 1, "missing_keys": 0, "bad_value": 0}
     assert out.clamped == 1
-    asked = sum(len(agent.wm_prompt_ids(_task("a"), p)) for p in ("print(1)", "print(3)")) * 2
+    asked = sum(len(agent.wm_prompt_ids(text_task("a"), p)) for p in ("print(1)", "print(3)")) * 2
     assert asked < out.wm_tokens < asked + 4 * 30  # the padded rows are not counted
     none = Rollout(["", ""], {}, 0, ("empty", "no_code"))
-    out = agent.predict(model.params, [_task("a")], none, key=jax.random.key(0))
+    out = agent.predict(model.params, [text_task("a")], none, key=jax.random.key(0))
     assert np.isnan(out.mean).all() and out.wm_tokens == 0 and len(calls) == 1
-
-
-def test_anchors_in_wm_prompt():
-    model, agent = _agent(anchors_per_task=2)
-    task = _task("a")
-    outcome = lambda s, q: types.SimpleNamespace(status=s, percentile=q)
-    agent.observe(task, "print('first')", outcome("ok", 0.9))
-    agent.observe(task, "print('second')", outcome("error", math.nan))
-    agent.observe(task, "print('skip')", outcome("infra_error", math.nan))
-    agent.observe(task, "print('third')", outcome("ok", 0.25))
-    kept = agent.anchors(task)
-    assert [a.program for a in kept] == ["print('second')", "print('third')"]
-    assert [a.valid for a in kept] == [False, True] and kept[1].percentile == 0.25
-    text = model.tokenizer.decode(agent.wm_prompt_ids(task, "print(4)"))
-    assert "Executed example 2 (outcome: valid submission, leaderboard percentile 0.250)" in text
-    assert "no valid submission" in text and "print(4)" in text
-    assert agent.anchors(_task("b")) == []
-    # A prompt limit too small for anchors drops them (oldest first) before cutting the task.
-    bare = len(_agent()[1].wm_prompt_ids(task, "print(4)"))
-    _, small = _agent(anchors_per_task=2, wm_max_prompt_tokens=bare)
-    small._anchors = agent._anchors
-    text = model.tokenizer.decode(small.wm_prompt_ids(task, "print(4)"))
-    assert "Executed example" not in text and "features f0..f3" in text
-    assert "truncated" not in text
 
 
 def test_errors():
@@ -278,13 +191,13 @@ def test_errors():
             TextAgent(model.graphdef, model.tokenizer, **{**base, **bad})
     agent = TextAgent(model.graphdef, model.tokenizer, **base)
     with pytest.raises(ValueError, match="group_size"):
-        agent.rollout(model.params, [_task()], group_size=0, key=jax.random.key(0))
+        agent.rollout(model.params, [text_task()], group_size=0, key=jax.random.key(0))
     with pytest.raises(ValueError, match="wm_max_prompt_tokens=32"):
         TextAgent(model.graphdef, model.tokenizer, **base, wm_max_prompt_tokens=32).wm_prompt_ids(
-            _task(), "print(1)"
+            text_task(), "print(1)"
         )
-    agent.observe(_task(), "print(1)", types.SimpleNamespace(status="ok", percentile=0.5))
-    assert agent.anchors(_task()) == []  # anchors_per_task=0 keeps none
+    agent.observe(text_task(), "print(1)", types.SimpleNamespace(status="ok", percentile=0.5))
+    assert agent.anchors(text_task()) == []  # anchors_per_task=0 keeps none
     ro = Rollout(["a", "b", "c"], {}, 0)
     with pytest.raises(ValueError, match="do not split"):
-        agent.predict(model.params, [_task("a"), _task("b")], ro, key=jax.random.key(0))
+        agent.predict(model.params, [text_task("a"), text_task("b")], ro, key=jax.random.key(0))

@@ -20,7 +20,7 @@ from wmrl_jax.agents.programs import (
     fenced_blocks,
     find_program,
 )
-from wmrl_jax.agents.text import extract_program as text_extract_program
+from wmrl_jax.agents.text import agent as text_agent
 
 # Real programs (standard-library modules, none with a fence line of their own).
 CORPUS = [inspect.getsource(m) for m in (textwrap, json.decoder, colorsys, heapq, bisect)]
@@ -140,10 +140,10 @@ def test_programs_that_are_expressions_with_calls_count():
     assert find_program("x = 1").ok and find_program("import os").ok
 
 
-def test_extract_program_is_the_source_and_text_reexports_it():
+def test_extract_program_is_the_source_and_the_text_agent_uses_it():
     assert extract_program("```py\na = 1\n```") == "a = 1\n"
     assert extract_program("not a program at all") == ""
-    assert text_extract_program is extract_program
+    assert text_agent.extract_program is extract_program
 
 
 def test_cause_counts():

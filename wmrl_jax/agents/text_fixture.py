@@ -56,7 +56,7 @@ import numpy as np
 import optax
 
 from wmrl_jax.agents.programs import find_program
-from wmrl_jax.agents.text import TextAgent
+from wmrl_jax.agents.text.agent import TextAgent
 from wmrl_jax.worldmodel.prompts import AnchorExample
 
 BASE = "tests/models/fixtures/qwen3_gqa1_tied"

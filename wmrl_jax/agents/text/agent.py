@@ -1,10 +1,10 @@
-"""The `text` agent kind: `TextAgent`, the trainer's Agent over a real chat LLM (Qwen3 checkpoints).
+"""`TextAgent`: the trainer's Agent over a real chat LLM (Qwen3 checkpoints).
 
-The same backbone plays both roles. As the policy it reads a solver prompt (task
-description, data report, fixed instructions) and writes one Python program per
-sample; as the world model (WM) it reads `render_wm_prompt` for a (task, program)
-pair and answers with a JSON prediction, sampled K times and combined by the law
-of total variance.
+The same backbone plays both roles. As the policy it reads a solver prompt
+(`wmrl_jax.agents.text.prompts`: task description, data report, fixed
+instructions) and writes one Python program per sample; as the world model (WM)
+it reads `render_wm_prompt` for a (task, program) pair and answers with a JSON
+prediction, sampled K times and combined by the law of total variance.
 
 With `turns` > 1 a sample is an episode (`wmrl_jax.agents.episodes`): up to
 `turns` messages of `max_new_tokens` each, with sandbox tool calls (data
@@ -12,11 +12,10 @@ information, validation on a sample) answered in between, and the world model
 judges the submission from the transcript before it. `turns` = 1 is the
 single-turn path, unchanged.
 
-Shapes stay fixed for a fixed config, so neither the sampler nor the train step
-recompiles between steps: solver prompts are left padded to `max_prompt_tokens`
-(P), completions to `max_new_tokens` (M), WM prompts to `wm_max_prompt_tokens`,
-and with `batch_size` every generation call is cut into equal chunks (the last
-one padded with copies of a real row, whose outputs are dropped).
+Shapes stay fixed for a fixed config (`wmrl_jax.agents.text.generation`):
+solver prompts are left padded to `max_prompt_tokens` (P), completions to
+`max_new_tokens` (M), WM prompts to `wm_max_prompt_tokens`, and with
+`batch_size` every generation call is cut into equal chunks.
 
 Token accounting (for the compute ledger): `gen_tokens` and `wm_tokens` count,
 over the rows actually asked for, the real (non-padding) prompt tokens of every
@@ -29,66 +28,19 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
 import jax
-import ml_collections
 import numpy as np
 
-from wmrl_jax.agents.base import AgentContext, Built, Capabilities, Rollout, WMOutput
-from wmrl_jax.agents.episodes import (
-    EnvironmentMessages,
-    episode_instructions,
-    make_tools,
-    middle_cut,
-    run_episodes,
-)
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.agents.episodes import EnvironmentMessages, episode_instructions, run_episodes
 from wmrl_jax.agents.programs import extract_program, find_program
+from wmrl_jax.agents.text import generation
+from wmrl_jax.agents.text import prompts as prompts_lib
 from wmrl_jax.envs.grading import DEFAULT_FLOORS
-from wmrl_jax.models.api import left_pad
 from wmrl_jax.models.sampler import sample
 from wmrl_jax.worldmodel.parsing import combine, failure_counts, parse_wm_answer, to_arrays
-from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
-
-SOLVER_SYSTEM = (
-    "You are an expert machine-learning engineer. You write one complete, correct and "
-    "efficient Python program that solves a data-science task."
-)
-
-
-def solver_instructions(task, *, libraries: str = "numpy and scikit-learn") -> str:
-    """The fixed instructions closing every solver prompt (never truncated)."""
-    sub = task.submission
-    metric = task.metric.name or task.metric.grader
-    columns = ", ".join([sub.id_column, *sub.target_columns])
-    return (
-        "Write one complete Python program that:\n"
-        "1. reads `train.csv` and `test.csv` (CSV files with a header row) from the directory "
-        "given by the environment variable WMRL_INPUT_DIR, e.g. "
-        "`os.path.join(os.environ['WMRL_INPUT_DIR'], 'train.csv')`;\n"
-        "2. trains a model on the training rows and predicts every test row;\n"
-        f"3. writes `{sub.file}` into the directory given by the environment variable "
-        f"WMRL_OUTPUT_DIR: a CSV file with a header row and exactly the columns {columns}, "
-        "one row per test row, in the test file's order.\n"
-        f"The submission is scored with {metric} ({task.metric.direction} is better). "
-        f"Use only the Python standard library, {libraries}. Answer with the whole program "
-        "in a single ```python code block."
-    )
-
-
-class _ModelView(NamedTuple):
-    """What `models.sample` reads from a model, for a graphdef held without its params."""
-
-    graphdef: Any
-    params: Any
-    config: Any = None
-
-
-def _default_stop_ids(tokenizer) -> tuple[int, ...]:
-    ids = {tokenizer.eos_token_id}
-    vocab = tokenizer.get_vocab()
-    ids |= {vocab[t] for t in ("<|im_end|>", "<|endoftext|>") if t in vocab}
-    return tuple(sorted(i for i in ids if i is not None))
+from wmrl_jax.worldmodel.prompts import AnchorExample
 
 
 class TextAgent:
@@ -103,7 +55,7 @@ class TextAgent:
         wm_max_new_tokens: the WM answer budget.
         wm_samples: K answers sampled per program.
         temperature, top_p, top_k: sampling filters for both roles.
-        system_prompt: solver system prompt (default `SOLVER_SYSTEM`).
+        system_prompt: solver system prompt (default `prompts.SOLVER_SYSTEM`).
         anchors_per_task: executed programs kept per task (`observe`) and shown
             in later WM prompts; 0 disables in-context anchors.
         wm_max_prompt_tokens: fixed WM prompt length; default
@@ -194,12 +146,14 @@ class TextAgent:
             or max_prompt_tokens + (1 + anchors_per_task) * max_new_tokens + transcript
         )
         self.sampling = dict(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
-        self.system_prompt = SOLVER_SYSTEM if system_prompt is None else system_prompt
+        self.system_prompt = prompts_lib.SOLVER_SYSTEM if system_prompt is None else system_prompt
         self.anchors_per_task = int(anchors_per_task)
         self.invalid_reward = float(invalid_reward)
         self.batch_size = batch_size
         self.wm_batch_size = wm_batch_size
-        self.stop_ids = tuple(stop_ids) if stop_ids is not None else _default_stop_ids(tokenizer)
+        self.stop_ids = (
+            tuple(stop_ids) if stop_ids is not None else generation.default_stop_ids(tokenizer)
+        )
         if not self.stop_ids:
             raise ValueError("no stop token: pass stop_ids or use a tokenizer with an EOS")
         pad = tokenizer.pad_token_id
@@ -215,58 +169,27 @@ class TextAgent:
     # -- prompts ---------------------------------------------------------------------------
 
     def _ids(self, messages) -> list[int]:
-        # As `models.render_chat` (prompt only), plus template options such as Qwen3's
-        # `enable_thinking`; one tokenisation per prompt.
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **self.template_kwargs
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _fit(self, build: Callable[[int | None], list], total: int, limit: int):
-        """Token ids of `build(keep)` for the largest kept-character count that fits `limit`.
-
-        `build(None)` is the uncut prompt; returns None when even `build(0)` is too long.
-        """
-        ids = self._ids(build(None))
-        if len(ids) <= limit:
-            return ids
-        best = self._ids(build(0))
-        if len(best) > limit:
-            return None
-        lo, hi = 0, total  # build(lo) fits; search the largest such lo.
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            cand = self._ids(build(mid))
-            if len(cand) <= limit:
-                lo, best = mid, cand
-            else:
-                hi = mid
-        return best
+        return prompts_lib.chat_ids(self.tokenizer, messages, self.template_kwargs)
 
     def solver_messages(self, task, keep: int | None = None) -> list[dict[str, str]]:
         """Solver chat messages; `keep` cuts description + data report to that many chars."""
-        texts = [task.description.strip(), (task.data_report or "").strip()]
-        if keep is not None:
-            total = max(sum(len(t) for t in texts), 1)
-            texts = [middle_cut(t, keep * len(t) // total) for t in texts]
-        parts = ["# Task", texts[0]]
-        if texts[1]:
-            parts += ["# Data report", texts[1]]
-        parts += ["# Instructions", solver_instructions(task)]
+        actions = None
         if self.turns > 1:
-            parts += ["# Actions", episode_instructions(self.turns, self.tools.validate_rows)]
-        return [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": "\n\n".join(parts)},
-        ]
+            actions = episode_instructions(self.turns, self.tools.validate_rows)
+        return prompts_lib.solver_messages(
+            task, system_prompt=self.system_prompt, actions=actions, keep=keep
+        )
 
     def solver_prompt_ids(self, task) -> list[int]:
         """The task's solver prompt ids (cached), at most `max_prompt_tokens` long."""
         cache_key = (task.id, task.public_dir)
         if cache_key not in self._solver_cache:
             total = len(task.description) + len(task.data_report or "")
-            ids = self._fit(
-                lambda keep: self.solver_messages(task, keep), total, self.max_prompt_tokens
+            ids = prompts_lib.fit_ids(
+                self._ids,
+                lambda keep: self.solver_messages(task, keep),
+                total,
+                self.max_prompt_tokens,
             )
             if ids is None:
                 least = len(self._ids(self.solver_messages(task, 0)))
@@ -290,51 +213,18 @@ class TextAgent:
         `anchors` (oldest first) default to those kept for the task by `observe`;
         `transcript` is an episode's before its submission (`Rollout.transcripts`).
         To fit, anchors are dropped (oldest first), then the transcript is cut from
-        the middle (or dropped), then the task context and the program are cut.
+        the middle (or dropped), then the task context and the program are cut
+        (`prompts.fit_wm_prompt`).
         """
-        description, report = task.description, task.data_report or ""
-        anchors = list(self._anchors.get(task.id, ()) if anchors is None else anchors)
-        limit = self.wm_max_prompt_tokens
-
-        def build(keep, anchors, program_chars=8000, history=transcript):
-            texts = [description, report]
-            if keep is not None:
-                total = max(len(description) + len(report), 1)
-                texts = [middle_cut(t, keep * len(t) // total) for t in texts]
-            return render_wm_prompt(
-                description=texts[0],
-                program=program,
-                data_report=texts[1] or None,
-                anchors=anchors,
-                max_program_chars=program_chars,
-                transcript=history or None,
-            )
-
-        while True:  # Drop the oldest anchors before cutting the task context.
-            ids = self._ids(build(None, anchors))
-            if len(ids) <= limit or not anchors:
-                break
-            anchors = anchors[1:]
-        if len(ids) > limit and transcript:
-
-            def cut(keep):
-                history = transcript if keep is None else middle_cut(transcript, keep)
-                return build(None, [], history=history)
-
-            fitted = self._fit(cut, len(transcript), limit)
-            ids = ids if fitted is None else fitted
-        if len(ids) > limit:
-            total = len(description) + len(report)
-            ids = self._fit(lambda keep: build(keep, [], history=""), total, limit)
-        if ids is None:
-            ids = self._fit(
-                lambda keep: build(0, [], 8000 if keep is None else keep, history=""),
-                len(program),
-                limit,
-            )
-        if ids is None:
-            raise ValueError(f"WM prompt cannot fit wm_max_prompt_tokens={limit}")
-        return ids
+        anchors = self._anchors.get(task.id, ()) if anchors is None else anchors
+        return prompts_lib.fit_wm_prompt(
+            self._ids,
+            task,
+            program,
+            anchors,
+            limit=self.wm_max_prompt_tokens,
+            transcript=transcript,
+        )
 
     # -- generation ------------------------------------------------------------------------
 
@@ -351,35 +241,28 @@ class TextAgent:
     ):
         """Left pads `prompts` to `length`, repeats each row `repeat` times, samples.
 
-        Without `batch_size`, one call of `call_rows` rows (default: as many as asked,
-        the rest copies of a real row), so that asking for fewer rows does not recompile.
+        `generation.generate` with the agent's sampler, model, tokens, mesh and
+        `batch_size`; without one, a single call of `call_rows` rows (default: as
+        many as asked), so that asking for fewer rows does not recompile.
 
         Returns:
             (prompt ids [R, length], prompt mask [R, length], SampleOutput as numpy [R, M]).
         """
-        ids, mask = left_pad(prompts, self.pad_id, length)
-        ids, mask = np.repeat(ids, repeat, axis=0), np.repeat(mask, repeat, axis=0)
-        rows = ids.shape[0]
-        size = self.batch_size or max(rows, call_rows or 0)
-        chunks = []
-        for c, start in enumerate(range(0, rows, size)):
-            take = np.arange(start, start + size)
-            take = np.where(take < rows, take, rows - 1)  # pad the last chunk with a real row
-            out = self.sample_fn(
-                _ModelView(self.graphdef, params),
-                ids[take],
-                mask[take],
-                jax.random.fold_in(key, c),
-                params=params,
-                eos_ids=self.stop_ids,
-                pad_id=self.pad_id,
-                mesh=self.mesh,
-                **kw,
-            )
-            n = min(size, rows - start)
-            chunks.append([np.asarray(x)[:n] for x in out])
-        out = type(out)(*(np.concatenate(parts) for parts in zip(*chunks, strict=True)))
-        return ids, mask, out
+        return generation.generate(
+            self.sample_fn,
+            self.graphdef,
+            params,
+            prompts,
+            length,
+            repeat,
+            key,
+            pad_id=self.pad_id,
+            stop_ids=self.stop_ids,
+            batch_size=self.batch_size,
+            call_rows=call_rows,
+            mesh=self.mesh,
+            **kw,
+        )
 
     def environment_messages(self) -> EnvironmentMessages:
         """How the environment's answers are tokenised in an episode (built once)."""
@@ -391,12 +274,7 @@ class TextAgent:
 
     def decode(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
         """Text of each row's tokens under `mask` ([R, M] each), stop tokens left out."""
-        stops = set(self.stop_ids)
-        rows = [
-            [int(t) for t, m in zip(r, k, strict=True) if m and t not in stops]
-            for r, k in zip(tokens, mask, strict=True)
-        ]
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return generation.decode(self.tokenizer, tokens, mask, self.stop_ids)
 
     def rollout(self, params, tasks: Sequence, *, group_size: int, key) -> Rollout:
         """Samples `group_size` programs per task; rows are task-major (N = len(tasks) * G).
@@ -543,109 +421,3 @@ class TextAgent:
     def anchors(self, task) -> list[AnchorExample]:
         """The anchors currently shown for `task`, oldest first."""
         return list(self._anchors.get(task.id, ()))
-
-
-CAPABILITIES = Capabilities(aux_loss=False, replayable=False, memory_plan=True)
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """`config.agent.text`: the checkpoint, lengths and sampling of a `TextAgent`."""
-    c = ml_collections.ConfigDict()
-    c.checkpoint = ""  # A local Hugging Face directory (config.json, safetensors, tokenizer).
-    c.dtype = "float32"
-    c.max_prompt_tokens = 1024
-    c.max_new_tokens = 512
-    c.wm_max_new_tokens = 128
-    c.wm_samples = 4
-    c.temperature = 1.0
-    c.top_p = 1.0
-    c.top_k = 0
-    c.anchors_per_task = 0  # Executed anchors shown in later WM prompts.
-    c.enable_thinking = False  # Qwen3 chat template switch.
-    # Episodes (wmrl_jax.agents.episodes): 1 = one program per sample; K > 1 = up to K
-    # messages of max_new_tokens each, with tool calls answered in between.
-    c.turns = 1
-    c.tool_max_tokens = 256  # E: tokens of one environment message in the transcript.
-    c.tools = ml_collections.ConfigDict()
-    c.tools.executor = "auto"  # "auto" (Docker if it can run, else local), "docker", "local".
-    c.tools.image = ""  # Docker image ("" = the default sandbox image).
-    c.tools.workers = 4  # Tool calls run at once.
-    c.tools.info_timeout_s = 30.0  # Wall-clock budget of one `info` call.
-    c.tools.validate_timeout_s = 120.0  # Wall-clock budget of one `validate` call.
-    c.tools.validate_rows = 100  # Records per CSV file in the validation sample.
-    return c
-
-
-TOOL_EXECUTORS = ("auto", "docker", "local")
-
-
-def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the first bad field of `config.agent.text`."""
-    if not config.checkpoint:
-        raise ValueError("config.agent.text.checkpoint must name a local Hugging Face directory")
-    for field in ("max_prompt_tokens", "max_new_tokens", "wm_max_new_tokens", "wm_samples"):
-        if not config[field] >= 1:
-            raise ValueError(f"config.agent.text.{field} must be >= 1, got {config[field]}")
-    if not config.temperature > 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
-        raise ValueError(
-            "config.agent.text needs temperature > 0, 0 < top_p <= 1, top_k >= 0; got "
-            f"{config.temperature}, {config.top_p}, {config.top_k}"
-        )
-    if config.anchors_per_task < 0:
-        raise ValueError(
-            f"config.agent.text.anchors_per_task must be >= 0, got {config.anchors_per_task}"
-        )
-    for field in ("turns", "tool_max_tokens"):
-        if not config[field] >= 1:
-            raise ValueError(f"config.agent.text.{field} must be >= 1, got {config[field]}")
-    tools = config.tools
-    if tools.executor not in TOOL_EXECUTORS:
-        raise ValueError(
-            f"config.agent.text.tools.executor must be one of {TOOL_EXECUTORS}, "
-            f"got {tools.executor!r}"
-        )
-    for field in ("info_timeout_s", "validate_timeout_s", "validate_rows", "workers"):
-        if not tools[field] > 0:
-            raise ValueError(f"config.agent.text.tools.{field} must be > 0, got {tools[field]}")
-
-
-def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Built:
-    """A `TextAgent` over the checkpoint at `config.checkpoint` (nothing is downloaded)."""
-    import os
-
-    from wmrl_jax.models import api
-
-    validate_config(config)
-    if config.turns > 1 and jax.process_count() > 1:
-        raise ValueError(
-            "config.agent.text.turns > 1 runs tool calls on every process, whose answers "
-            "(timings, output) may differ and split the processes' rollouts; run episodes "
-            "in one process"
-        )
-    tools = make_tools(config.tools) if config.turns > 1 else None
-    # Straight into the mesh's shardings: no unsharded copy on the first device.
-    model = api.from_pretrained(
-        os.path.expanduser(config.checkpoint), dtype=config.dtype, mesh=context.mesh
-    )
-    sizes = dict(context.batch_sizes or {})
-    agent = TextAgent(
-        model.graphdef,
-        model.tokenizer,
-        max_prompt_tokens=config.max_prompt_tokens,
-        max_new_tokens=config.max_new_tokens,
-        wm_max_new_tokens=config.wm_max_new_tokens,
-        wm_samples=config.wm_samples,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        anchors_per_task=config.anchors_per_task,
-        invalid_reward=context.floors.invalid,
-        batch_size=sizes.get("rollout"),
-        wm_batch_size=sizes.get("wm"),
-        mesh=context.mesh,
-        chat_template_kwargs={"enable_thinking": bool(config.enable_thinking)},
-        turns=config.turns,
-        tool_max_tokens=config.tool_max_tokens,
-        tools=tools,
-    )
-    return Built(agent, model.params, model.graphdef, model.raw_config, {})
