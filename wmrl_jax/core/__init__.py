@@ -10,12 +10,8 @@ chex assertions, which read static shapes only and so cost nothing under
 value.
 """
 
-from wmrl_jax.core.correction import (
-    CorrectionState,
-    RewardCorrection,
-    make_reward_correction,
-    rank_correlation,
-)
+from wmrl_jax.core.correction import RewardCorrection, make_reward_correction
+from wmrl_jax.core.correction_state import CorrectionState
 from wmrl_jax.core.fusion import fusion_weight, inverse_variance_fuse
 from wmrl_jax.core.grpo import (
     aggregate,
@@ -28,6 +24,7 @@ from wmrl_jax.core.grpo import (
     kl_k3,
 )
 from wmrl_jax.core.isotonic import IsotonicFit, isotonic_fit, isotonic_predict
+from wmrl_jax.core.stats import rank_correlation
 
 __all__ = [
     "CorrectionState",

@@ -26,11 +26,11 @@ for real, giving `r`. `make_reward_correction(...)` returns an
    `r* = (r̃/σ²_wm + r/σ²_real) / (1/σ²_wm + 1/σ²_real)`
    (`wmrl_jax.core.fusion`); elsewhere `r* = r̃`.
 
-`σ²_real` comes from replicate executions when the caller provides them
-(`(r_1 - r_2)^2 / 2` is unbiased for it), shrunk towards a configured prior
-with a pseudo-count, or from the prior alone. A per-sample WM variance (from
-the WM's own predictive distribution) can refine `σ²_wm`: with
-``wm_var="per_sample"`` it is scaled by `var̂_i / E_anchors[var̂]`.
+The buffer and the σ² estimates are the state's pieces
+(`wmrl_jax.core.correction_state`): `σ²_real` comes from replicate
+executions when the caller provides them, shrunk towards a configured prior,
+or from the prior alone; with ``wm_var="per_sample"`` `σ²_wm` is scaled by
+the WM's own variance, `var̂_i / E_anchors[var̂]`.
 
 Bad input loses nothing: a prediction that could not be parsed is passed as
 NaN mean and/or infinite variance; an anchor with a NaN real score is not an
@@ -58,45 +58,21 @@ import jax.numpy as jnp
 
 from wmrl_jax.core import fusion, isotonic
 from wmrl_jax.core import local as local_lib
+from wmrl_jax.core.correction_state import (
+    CorrectionState,
+    RealScores,
+    WmVariance,
+    append_anchors,
+    init_state,
+    real_scores,
+    wm_variance,
+)
+from wmrl_jax.core.stats import masked_mean, rank_correlation
 
 _WM_VAR_MODES = ("global", "per_sample")
 
 # chex raises AssertionError by default; a wrong shape is bad input like any other.
 _BAD_INPUT = {"exception_type": ValueError}
-
-
-class CorrectionState(NamedTuple):
-    """State of the reward correction; a pytree of fixed-shape arrays.
-
-    Attributes:
-      pred: anchor buffer of WM predictions, of shape [C].
-      real: anchor buffer of real rewards, of shape [C].
-      weight: anchor weights, of shape [C] (decayed with age when decay < 1).
-      valid: bool, of shape [C]: which buffer slots hold an anchor.
-      task: int32 task ids of the anchors, of shape [C] (local correction).
-      feat: int32 program features of the anchors, of shape [C, max(F, 1)].
-      next_slot: int32 scalar, the ring-buffer write position.
-      fit: the isotonic map fitted on the buffer at the last update.
-      resid: decayed mean/variance of out-of-sample residuals `r - g(r̂)`.
-      pred_var: decayed mean of the WM's own variances on anchors.
-      replicate_sq: sum of `(r_1 - r_2)^2 / 2` over replicate pairs seen.
-      replicate_count: number of replicate pairs seen (float32 scalar).
-      step: int32 scalar, number of updates so far.
-    """
-
-    pred: jax.Array
-    real: jax.Array
-    weight: jax.Array
-    valid: jax.Array
-    task: jax.Array
-    feat: jax.Array
-    next_slot: jax.Array
-    fit: isotonic.IsotonicFit
-    resid: fusion.EmaVarianceState
-    pred_var: fusion.EmaVarianceState
-    replicate_sq: jax.Array
-    replicate_count: jax.Array
-    step: jax.Array
 
 
 class RewardCorrection(NamedTuple):
@@ -116,82 +92,6 @@ class RewardCorrection(NamedTuple):
     debias: Callable[[CorrectionState, jax.Array], jax.Array]
 
 
-def _masked_mean(x, mask):
-    count = jnp.sum(mask)
-    total = jnp.sum(jnp.where(mask, x, 0))
-    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
-
-
-def _ranks(x, mask):
-    """Average ranks among valid entries (ties share their mean rank)."""
-    key = jnp.where(mask, x, jnp.inf)
-    ordered = jnp.sort(key)
-    first = jnp.searchsorted(ordered, key, side="left")
-    last = jnp.searchsorted(ordered, key, side="right") - 1
-    return 0.5 * (first + last).astype(jnp.float32)
-
-
-def rank_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
-    """Spearman rank correlation of `x` and `y` over `mask` (ties: mean ranks).
-
-    Args:
-      x: values of shape [n].
-      y: values of shape [n].
-      mask: bool of shape [n].
-
-    Returns:
-      A float32 scalar in [-1, 1]; NaN with fewer than two valid entries or
-      when either side is constant.
-
-    Example:
-      >>> float(rank_correlation(jnp.array([1., 2., 3.]), jnp.array([1., 5., 9.]),
-      ...                        jnp.ones(3, bool)))
-      1.0
-    """
-    rx, ry = _ranks(x, mask), _ranks(y, mask)
-    mx, my = _masked_mean(rx, mask), _masked_mean(ry, mask)
-    dx = jnp.where(mask, rx - mx, 0)
-    dy = jnp.where(mask, ry - my, 0)
-    denom = jnp.sqrt(jnp.sum(dx * dx) * jnp.sum(dy * dy))
-    ok = (jnp.sum(mask) >= 2) & (denom > 0)
-    return jnp.where(ok, jnp.sum(dx * dy) / jnp.where(ok, denom, 1), jnp.nan)
-
-
-class _Buffer(NamedTuple):
-    """The anchor ring buffer's fields of `CorrectionState`."""
-
-    pred: jax.Array
-    real: jax.Array
-    weight: jax.Array
-    valid: jax.Array
-    task: jax.Array
-    feat: jax.Array
-    next_slot: jax.Array
-
-
-def _append(state, pred, real, new, capacity, decay, *, weight, task, feat):
-    """Writes the pairs marked by `new` into the ring buffer (last ones win).
-
-    Returns the new `_Buffer` and each row's slot, of shape [N] (`capacity`
-    where the row was not written).
-    """
-    n_new = jnp.sum(new, dtype=jnp.int32)
-    rank = jnp.cumsum(new, dtype=jnp.int32) - 1
-    keep = new & (rank >= n_new - capacity)  # At most `capacity` distinct slots.
-    slot = jnp.where(keep, (state.next_slot + rank - jnp.maximum(n_new - capacity, 0)), 0)
-    slot = jnp.where(keep, slot % capacity, capacity)  # Out of range = dropped.
-    buffer = _Buffer(
-        state.pred.at[slot].set(pred, mode="drop"),
-        state.real.at[slot].set(real, mode="drop"),
-        (state.weight * decay).at[slot].set(weight, mode="drop"),
-        state.valid.at[slot].set(True, mode="drop"),
-        state.task.at[slot].set(task, mode="drop"),
-        state.feat.at[slot].set(feat, mode="drop"),
-        (state.next_slot + jnp.minimum(n_new, capacity)) % capacity,
-    )
-    return buffer, slot
-
-
 def _check_update_shapes(pred_mean, pred_var, real, anchor_mask, **optional) -> None:
     named = {"pred_var": pred_var, "real": real, "anchor_mask": anchor_mask}
     named.update({k: v for k, v in optional.items() if v is not None})
@@ -199,96 +99,6 @@ def _check_update_shapes(pred_mean, pred_var, real, anchor_mask, **optional) -> 
     message = f"correction update: `pred_mean` must have shape [N], and `{others}` the same shape"
     chex.assert_rank(pred_mean, 1, custom_message=message, **_BAD_INPUT)
     chex.assert_equal_shape([pred_mean, *named.values()], custom_message=message, **_BAD_INPUT)
-
-
-class _RealScores(NamedTuple):
-    """Real scores with replicates folded in, and the σ²_real estimate."""
-
-    real: jax.Array  # [N], the replicate mean where a pair exists.
-    var_real: jax.Array  # [N], σ²_real / the number of executions averaged.
-    sigma2_real: jax.Array  # scalar
-    replicate_sq: jax.Array  # scalar, updated state field.
-    replicate_count: jax.Array  # scalar, updated state field.
-
-
-def _real_scores(state, real, has_real, real_replicate, *, prior, prior_count) -> _RealScores:
-    """σ²_real from replicate pairs, `(r_1 - r_2)^2 / 2` each, shrunk towards `prior`.
-
-    Args:
-      state: the `CorrectionState` holding the replicate sums so far.
-      real: real rewards of shape [N], float32.
-      has_real: bool of shape [N], where `real` is a usable execution.
-      real_replicate: None, or a second score of shape [N] (NaN where absent).
-      prior: the prior σ²_real.
-      prior_count: its pseudo-count against replicate pairs.
-    """
-    replicate_sq, replicate_count = state.replicate_sq, state.replicate_count
-    n_real = has_real.astype(jnp.float32)
-    if real_replicate is not None:
-        rep = jnp.asarray(real_replicate, jnp.float32)
-        pair = has_real & jnp.isfinite(rep)
-        replicate_sq += jnp.sum(jnp.where(pair, 0.5 * (real - rep) ** 2, 0))
-        replicate_count += jnp.sum(pair, dtype=jnp.float32)
-        real = jnp.where(pair, 0.5 * (real + rep), real)
-        n_real = n_real + pair
-    sigma2_real = (replicate_sq + prior_count * prior) / (replicate_count + prior_count)
-    var_real = sigma2_real / jnp.maximum(n_real, 1)
-    return _RealScores(real, var_real, sigma2_real, replicate_sq, replicate_count)
-
-
-class _WmVariance(NamedTuple):
-    """σ²_wm from out-of-sample residuals, per sample and as a scalar."""
-
-    var_wm: jax.Array  # [N]; inf where the prediction is unusable.
-    sigma2_wm: jax.Array  # scalar, floored at `min_wm_var`.
-    resid_var: jax.Array  # scalar, the variance of `r - g(r̂)` (σ²_wm + σ²_real).
-    resid: fusion.EmaVarianceState  # updated state field.
-    pred_var_stats: fusion.EmaVarianceState  # updated state field.
-
-
-def _wm_variance(
-    state,
-    resid,
-    resid_mask,
-    pred_var,
-    anchors,
-    usable_pred,
-    sigma2_real,
-    *,
-    var_decay,
-    min_wm_var,
-    per_sample,
-) -> _WmVariance:
-    """Folds this step's residuals into the decayed estimates and derives σ²_wm.
-
-    Args:
-      state: the `CorrectionState` holding the residual and WM-variance estimates.
-      resid: out-of-sample residuals `r - g(r̂)` of shape [N], read where
-        `resid_mask` holds.
-      resid_mask: bool of shape [N].
-      pred_var: the WM's own variances of shape [N].
-      anchors: bool of shape [N], usable prediction and real score.
-      usable_pred: bool of shape [N].
-      sigma2_real: scalar σ²_real, subtracted from the residual variance.
-      var_decay: per-sample decay of both estimates.
-      min_wm_var: floor of σ²_wm.
-      per_sample: scale σ²_wm by `pred_var / E_anchors[pred_var]`.
-    """
-    resid_stats = fusion.ema_variance_update(state.resid, resid, decay=var_decay, mask=resid_mask)
-    pred_var_stats = fusion.ema_variance_update(
-        state.pred_var, pred_var, decay=var_decay, mask=anchors & jnp.isfinite(pred_var)
-    )
-    resid_var = fusion.ema_variance(resid_stats)
-    sigma2_wm = jnp.maximum(resid_var - sigma2_real, min_wm_var)
-    if per_sample:
-        scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
-        # Floored per sample too: a WM that claims certainty (variance 0)
-        # must not be trusted as exact.
-        var_wm = jnp.maximum(sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0), min_wm_var)
-    else:
-        var_wm = jnp.broadcast_to(sigma2_wm, pred_var.shape)
-    var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
-    return _WmVariance(var_wm, sigma2_wm, resid_var, resid_stats, pred_var_stats)
 
 
 def _rewards(
@@ -314,7 +124,7 @@ def _rewards(
 
 
 def _diagnostics(
-    state, pred_mean, real, prev, masks, had_map, wm: _WmVariance, scores: _RealScores, weight_wm
+    state, pred_mean, real, prev, masks, had_map, wm: WmVariance, scores: RealScores, weight_wm
 ) -> dict[str, jax.Array]:
     """Float32 scalars describing one update; `state` is the updated one.
 
@@ -327,14 +137,14 @@ def _diagnostics(
         "n_unusable": jnp.sum(~usable_pred & ~has_real, dtype=jnp.float32),
         "buffer_size": jnp.sum(state.valid, dtype=jnp.float32),
         "map_knots": state.fit.n_knots.astype(jnp.float32),
-        "bias_raw": _masked_mean(pred_mean - real, anchors),
-        "bias_debiased": _masked_mean(prev - real, anchors & had_map),
-        "abs_bias_raw": _masked_mean(jnp.abs(pred_mean - real), anchors),
-        "abs_bias_debiased": _masked_mean(jnp.abs(prev - real), anchors & had_map),
+        "bias_raw": masked_mean(pred_mean - real, anchors),
+        "bias_debiased": masked_mean(prev - real, anchors & had_map),
+        "abs_bias_raw": masked_mean(jnp.abs(pred_mean - real), anchors),
+        "abs_bias_debiased": masked_mean(jnp.abs(prev - real), anchors & had_map),
         "sigma2_wm": wm.sigma2_wm,
         "sigma2_real": scores.sigma2_real,
         "resid_var": wm.resid_var,
-        "fused_weight_wm": _masked_mean(weight_wm, has_real & usable_pred),
+        "fused_weight_wm": masked_mean(weight_wm, has_real & usable_pred),
         "rank_corr": rank_correlation(state.pred, state.real, state.valid),
     }
 
@@ -423,22 +233,7 @@ def make_reward_correction(
     )
 
     def init() -> CorrectionState:
-        zeros = jnp.zeros(capacity, jnp.float32)
-        return CorrectionState(
-            pred=zeros,
-            real=zeros,
-            weight=zeros,
-            valid=jnp.zeros(capacity, bool),
-            task=jnp.zeros(capacity, jnp.int32),
-            feat=jnp.zeros((capacity, width), jnp.int32),
-            next_slot=jnp.int32(0),
-            fit=isotonic.IsotonicFit(zeros, zeros, jnp.int32(0)),
-            resid=fusion.ema_variance_init(),
-            pred_var=fusion.ema_variance_init(),
-            replicate_sq=jnp.float32(0),
-            replicate_count=jnp.float32(0),
-            step=jnp.int32(0),
-        )
+        return init_state(capacity, width)
 
     def debias_fn(state, pred_mean):
         pred_mean = jnp.asarray(pred_mean, jnp.float32)
@@ -531,7 +326,7 @@ def make_reward_correction(
         real = jnp.asarray(real, jnp.float32)
         usable_pred = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
         has_real = jnp.asarray(anchor_mask, bool) & jnp.isfinite(real)
-        scores = _real_scores(state, real, has_real, real_replicate, **real_settings)
+        scores = real_scores(state, real, has_real, real_replicate, **real_settings)
         real = scores.real
 
         # 1. Out-of-sample residuals against the previous map.
@@ -541,7 +336,7 @@ def make_reward_correction(
         if local:  # This step's anchors are not in the buffer yet: out of sample.
             prev = prev + local_fn(state, task_ids, feats)[0]
         resid_mask = anchors & (had_map | (not debias))
-        wm = _wm_variance(
+        wm = wm_variance(
             state,
             real - prev,
             resid_mask,
@@ -553,7 +348,7 @@ def make_reward_correction(
         )
 
         # 2-3. Append anchors, refit the map, debias every prediction.
-        buffer, slots = _append(
+        buffer, slots = append_anchors(
             state, pred_mean, real, anchors, capacity, decay,
             weight=weight, task=task_ids, feat=feats,
         )  # fmt: skip
@@ -571,7 +366,7 @@ def make_reward_correction(
         if local:  # A row never counts its own execution (`slots`).
             offsets, exact = local_fn(refit, task_ids, feats, exclude=slots)
             debiased = debiased + offsets
-        prior_mean = _masked_mean(buffer.real, buffer.valid)
+        prior_mean = masked_mean(buffer.real, buffer.valid)
         fallback = jnp.where(jnp.isnan(prior_mean), 0.0, prior_mean)
 
         # 4. Fuse where a real score exists: executed now, or remembered.
@@ -612,8 +407,8 @@ def make_reward_correction(
         )
         diagnostics["n_remembered"] = jnp.sum(has_any & ~has_real, dtype=jnp.float32)
         if local:
-            diagnostics["local_abs_offset"] = _masked_mean(jnp.abs(offsets), usable_pred)
-            diagnostics["local_exact_weight"] = _masked_mean(exact, usable_pred)
+            diagnostics["local_abs_offset"] = masked_mean(jnp.abs(offsets), usable_pred)
+            diagnostics["local_exact_weight"] = masked_mean(exact, usable_pred)
         return rewards, new_state, diagnostics
 
     return RewardCorrection(init, update, debias_fn)

@@ -26,7 +26,8 @@ import jax
 import numpy as np
 import optax
 
-from wmrl_jax.core.correction import make_reward_correction, rank_correlation
+from wmrl_jax.core.correction import make_reward_correction
+from wmrl_jax.core.stats import rank_correlation
 from wmrl_jax.embodied import arms as arms_lib
 from wmrl_jax.embodied import envs as envs_lib
 from wmrl_jax.embodied import grpo_step, progress, rollout, tasks
