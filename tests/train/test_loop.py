@@ -116,14 +116,6 @@ def test_resume_refuses_checkpoints_of_another_run(tmp_path):
     table.boards[table.task_ids[0]][board] = table.boards[table.task_ids[0]][board] + 1.0
     with pytest.raises(ValueError, match=r"another run \(outcome source \(replay:"):
         loop.Trainer(longer, workdir, outcomes=replay)
-    assert loop.resume_mismatch({"a": {"b": 1}, "num_steps": 1}, {"a": {"b": 2}}) == ["a.b"]
-    # An option added since the checkpoints: no difference at its default, one elsewhere.
-    new = {"a": {"b": 1, "c": {"d": 0}}}
-    defaults = {"a": {"b": 5, "c": {"d": 0}}}
-    assert loop.resume_mismatch({"a": {"b": 1}}, new, defaults=defaults) == []
-    assert loop.resume_mismatch({"a": {"b": 1}}, new) == ["a.c"]
-    moved = {"a": {"b": 1, "c": {"d": 3}}}
-    assert loop.resume_mismatch({"a": {"b": 1}}, moved, defaults=defaults) == ["a.c"]
 
 
 def test_infra_errors_are_retried_then_fall_back(tmp_path, caplog):

@@ -8,9 +8,14 @@ protocols; it imports no concrete agent and no study.
 * `arms`: the table of arms (`ARMS`), what each compared method executes and feeds;
 * `builder`: tasks, outcome source, agent, correction and optimizer from a config;
 * `stages`: one step as named stages, `StepRecord`;
-* `loop`: `Trainer`, `train_and_evaluate` (the run, the resume guard, checkpoints);
-* `execution`, `evaluation`: anchors executed with retries; held-out evaluation;
-* `state`, `step`: `TrainState`, optimizer, mesh, the sharded jitted `train_step`;
+* `loop`: `Trainer`, `train_and_evaluate` (the run, its steps, checkpoints);
+* `rewards`: a step's anchor choice and reward correction (`Rewarder`);
+* `resume`: the resume guard (which config changes a resumed run may make);
+* `execution`, `evaluation`: anchors executed with retries; the evaluation
+  schedule and held-out evaluation;
+* `overlap`: the next step's batch, sampled while this step's programs execute;
+* `state`, `loss`, `step`: `TrainState`, optimizer, mesh; the whole-batch GRPO
+  loss by micro-batches; the sharded jitted `train_step`;
 * `ledger`, `writer`, `console`, `summary`, `checkpoint`: the compute ledger,
   metric files, console lines, the run report, orbax checkpoints.
 

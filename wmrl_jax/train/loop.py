@@ -7,21 +7,26 @@ One step (`Trainer._step`, its stages in `wmrl_jax.train.stages`):
 1. sample `tasks_per_step` train tasks (a pure function of the seed and the
    step, so the task iterator's position is the step);
 2. the agent samples G programs per task;
-3. the arm (`wmrl_jax.train.arms`) decides which groups are executed — all,
-   the anchors (a fraction ρ, at least one) or none — and they go to the
-   outcome source at once; the world-model pass over all groups runs while
-   they execute. A sample without a program (`Rollout.causes`) is an invalid
-   outcome known without running anything: never executed nor shown to the
-   world model, charged nothing, fed the invalid floor in every arm;
+3. the arm (`wmrl_jax.train.arms`, `wmrl_jax.train.rewards`) decides which
+   groups are executed — all, the anchors (a fraction ρ, at least one) or
+   none — and they go to the outcome source at once; the world-model pass
+   over all groups runs while they execute. A sample without a program
+   (`Rollout.causes`) is an invalid outcome known without running anything:
+   never executed nor shown to the world model, charged nothing, fed the
+   invalid floor in every arm;
 4. outcomes come back: timeouts and crashes are rewards; infrastructure
    errors are retried, then handled as `executor.on_infra_error` says;
    non-finite rewards are rejected and counted;
-5. the reward correction (Online Debiasing, IVD) turns predictions and anchor
-   scores into the rewards fed to GRPO; rows without a usable reward are
-   masked out of the group statistics and the loss; the sharded train step
-   updates the policy;
+5. the reward correction (Online Debiasing, IVD: `wmrl_jax.train.rewards`)
+   turns predictions and anchor scores into the rewards fed to GRPO; rows
+   without a usable reward are masked out of the group statistics and the
+   loss; the sharded train step (`wmrl_jax.train.step`) updates the policy;
 6. the ledger, metrics, step hooks, checkpoints and (every `eval_every`
-   steps) a held-out evaluation (`wmrl_jax.train.evaluation`).
+   steps, or on the compute budget's grid: `evaluation.EvalSchedule`) a
+   held-out evaluation (`wmrl_jax.train.evaluation`).
+
+A run resumes from its workdir's latest checkpoint, once the resume guard
+(`wmrl_jax.train.resume`) has checked that the checkpoints are its own.
 
 With `config.overlap`, step t + 1's batch is sampled while step t's programs
 execute, from the params before update t: one update stale, which the loss's
@@ -36,8 +41,6 @@ process 0 and checkpoints by all together (`wmrl_jax.train.multihost`).
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -48,52 +51,22 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.core import rho
-from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, stages
+from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, resume, stages
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
-from wmrl_jax.train.config import base_config, validate_config
+from wmrl_jax.train.config import validate_config
 from wmrl_jax.train.console import Console
-from wmrl_jax.train.evaluation import evaluate
+from wmrl_jax.train.evaluation import EvalSchedule, evaluate
 from wmrl_jax.train.execution import Runner
 from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer
+from wmrl_jax.train.rewards import Rewarder
 from wmrl_jax.train.stages import StepRecord
 from wmrl_jax.train.writer import MetricWriter
 
 log = logging.getLogger(__name__)
 
-# Config keys a resumed run may change: how long it trains, how often it evaluates,
-# which checkpoints it keeps. A change to any other key makes it another run.
-RESUMABLE_KEYS = ("num_steps", "eval_every", "checkpoint")
-
 StepHook = Callable[[StepRecord], Mapping[str, float]]
-
-
-def resume_mismatch(
-    saved: dict, current: dict, prefix: str = "", defaults: dict | None = None
-) -> list[str]:
-    """Dotted config keys whose values differ between two config dicts, outside
-    `RESUMABLE_KEYS` (top level only), sorted.
-
-    A key the saved config lacks (an option added since the checkpoints were
-    written) is no difference where its current value is its value in
-    `defaults` (the default config): the earlier run behaved that way.
-    """
-    out = []
-    for k in sorted(set(saved) | set(current)):
-        if not prefix and k in RESUMABLE_KEYS:
-            continue
-        a, b = saved.get(k, "<absent>"), current.get(k, "<absent>")
-        default = (defaults or {}).get(k, "<absent>")
-        if a == "<absent>" and b != "<absent>" and b == default:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = default if isinstance(default, dict) else None
-            out += resume_mismatch(a, b, f"{prefix}{k}.", inner)
-        elif a != b:
-            out.append(f"{prefix}{k}")
-    return out
 
 
 class Trainer:
@@ -158,7 +131,8 @@ class Trainer:
             seed=config.seed,
         )  # fmt: skip
         self.correction = builder.make_correction(config)
-        self.invalid_reward = builder.reward_floors(config).invalid  # rows with no program
+        self.rewarder = Rewarder(config, self.arm, self.correction,
+                                 remembered=self.runner.remembered)  # fmt: skip
         self.cost_model = cost.from_config(config)
         self.optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
         self.train_step = step_lib.make_train_step(
@@ -184,19 +158,6 @@ class Trainer:
             if config.agent.wm_params == "initial"
             else None
         )
-        self._correct = jax.jit(self.correction.update)
-        self.anchor_policy = arms.anchor_policy(self.arm, config.anchor_policy)
-        self._debias = jax.jit(self.correction.debias)
-        # Adaptive ρ starts from the share of groups the arm's ρ executes (at least one).
-        a, groups = config.anchors.adaptive, config.tasks_per_step
-        base = self.arm.num_anchor_groups(groups, config.anchor_fraction) / groups
-        self._rho_update = jax.jit(functools.partial(
-            rho.update, fast_halflife=a.fast_halflife, slow_halflife=a.slow_halflife
-        ))  # fmt: skip
-        self._rho_fraction = jax.jit(functools.partial(
-            rho.fraction, base=base, low=a.rho_min, high=a.rho_max, gain=a.gain,
-            warmup_steps=a.warmup_steps,
-        ))  # fmt: skip
 
     def _memory_plan(self, config) -> dict[str, int] | None:
         """Generation batch sizes from the memory plan (LLM agents); problems as notes."""
@@ -210,9 +171,7 @@ class Trainer:
     def _init_state(self, params):
         # A copy: the state is donated to the train step, the run's key is not.
         key_data = jnp.array(jax.random.key_data(self.key), copy=True)
-        extra = {"correction": self.correction.init(), "key": key_data}
-        if self.arm.adaptive_rho:  # Checkpointed with the state: a resume keeps its ρ.
-            extra["rho"] = rho.init()
+        extra = {**self.rewarder.init(), "key": key_data}
         # Distinct buffers per leaf: the state is donated, and init may share constants.
         extra = jax.tree.map(lambda x: jnp.array(x, copy=True), extra)
         state = step_lib.init_train_state(
@@ -242,7 +201,10 @@ class Trainer:
             if isinstance(x, jax.Array) else x,
             self.state,
         )  # fmt: skip
-        self._check_resumable(self.checkpointer.meta())  # Before reading any state.
+        resume.check_resumable(  # Before reading any state.
+            self.checkpointer.meta(), self.config, fingerprint=self.fingerprint,
+            directory=self.checkpointer.directory,
+        )  # fmt: skip
         self.state, meta = self.checkpointer.restore(abstract_state=abstract)
         self.ledger = Ledger.from_dict(meta["ledger"])
         self.history = list(meta.get("history", []))
@@ -252,32 +214,6 @@ class Trainer:
         step = int(meta["step"])
         log.info("resumed from step %d (%s)", step, self.checkpointer.directory)
         return step
-
-    def _check_resumable(self, meta: dict) -> None:
-        """Raises ValueError when the checkpoints were made by another run: another
-        config (outside `RESUMABLE_KEYS`) or another outcome source (a rebuilt table)."""
-        why = []
-        if "config" in meta:
-            saved, current = (
-                json.loads(c) for c in (meta["config"], self.config.to_json_best_effort())
-            )
-            defaults = json.loads(base_config(self.config.agent.kind).to_json_best_effort())
-            why += [f"config {k}" for k in resume_mismatch(saved, current, defaults=defaults)]
-            if saved.get("num_steps") != current["num_steps"] and (
-                current["optimizer"]["total_steps"] < 1
-            ):
-                why.append(
-                    "config num_steps, which sets the learning-rate schedule's length "
-                    "(optimizer.total_steps = -1); fix optimizer.total_steps to extend a run"
-                )
-        if meta.get("outcomes_fingerprint") != self.fingerprint:
-            why.append(f"outcome source ({meta.get('outcomes_fingerprint')} != {self.fingerprint})")
-        if why:
-            raise ValueError(
-                f"{self.checkpointer.directory} holds checkpoints of another run "
-                f"({'; '.join(why)}): resume with the same config and outcome source, "
-                "or start in a fresh workdir"
-            )
 
     def _save(self, step: int, metrics: dict, *, force: bool = False) -> None:
         meta = {
@@ -302,9 +238,9 @@ class Trainer:
         record = StepRecord(step, tasks, c.group_size)
         timing = LedgerStep()
         record.rollout, stale = self._rollout(step, tasks, k_roll, timing)
-        if self.arm.world_model and self.anchor_policy != "random":
+        if self.arm.world_model and self.rewarder.anchor_policy != "random":
             self._world_model(record, k_wm, timing)  # The choice needs the predictions.
-        self._choose_anchors(record, k_anchor)
+        self.rewarder.choose_anchors(record, self.state.extra, k_anchor)
         pending = self.runner.submit(tasks, record.rollout.programs, self._anchor_rows(record),
                                      c.group_size)  # fmt: skip
         if self.arm.world_model and record.wm is None:
@@ -312,7 +248,7 @@ class Trainer:
         if c.overlap and step < c.num_steps and overlap.executing(pending):
             self._sample_ahead(step + 1)  # So does the next step's batch.
         self._collect(record, pending, timing)
-        self._correct_rewards(record)
+        self.state = self.state.replace(extra=self.rewarder.correct(record, self.state.extra))
         metrics = self._update(record, k_train, timing)
         # Process 0's seconds: the compute budget stops every process at the same step.
         ledger = timing.ledger().with_device_seconds(self.accelerators)
@@ -347,14 +283,9 @@ class Trainer:
     def _rollout(self, step: int, tasks, key, timing: LedgerStep):
         """`(rollout, stale)`: the batch sampled ahead for this step (stale), else a fresh one."""
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and (ahead.step, ahead.task_ids) == (step, overlap.task_ids(tasks)):
-            # Charged to the step that trains on it.
-            stages.charge_rollout(timing, ahead.rollout, ahead.gen_seconds)
-            return ahead.rollout, True
-        if ahead is not None:  # Spent compute all the same: charged, then sampled afresh.
-            log.warning("step %d: the batch sampled ahead was for other tasks; resampling", step)
-            stages.charge_rollout(timing, ahead.rollout, ahead.gen_seconds)
-            timing.add(gen_tokens=ahead.rollout.gen_tokens)
+        rollout = overlap.claim(ahead, step, tasks, timing)
+        if rollout is not None:
+            return rollout, True
         with Timer() as timer:
             rollout = self.agent.rollout(
                 self.state.params, tasks, group_size=self.config.group_size, key=key
@@ -363,21 +294,13 @@ class Trainer:
         return rollout, False
 
     def _sample_ahead(self, step: int) -> None:
-        """Samples `step`'s batch now, during the step before (`config.overlap`): from the
-        params before that step's update, while its programs execute."""
+        """Samples `step`'s batch now, during the step before (`config.overlap`)."""
         k_roll, k_anchor, _, _ = self._step_keys(step)
         tasks = self._step_tasks(step, k_anchor)
-        try:
-            with Timer() as timer:
-                rollout = self.agent.rollout(
-                    self.state.params, tasks, group_size=self.config.group_size, key=k_roll
-                )
-        except Exception as e:
-            raise RuntimeError(
-                f"config.overlap: sampling step {step}'s batch ahead, while step {step - 1}'s "
-                f"programs execute, failed: {type(e).__name__}: {e}"
-            ) from e
-        self._ahead = overlap.Ahead(step, overlap.task_ids(tasks), rollout, timer.seconds)
+        self._ahead = overlap.sample_ahead(
+            self.agent, self.state.params, tasks, step=step, group_size=self.config.group_size,
+            key=k_roll,
+        )  # fmt: skip
 
     def _world_model(self, record: StepRecord, key, timing: LedgerStep) -> None:
         params = self.state.params if self.wm_params is None else self.wm_params
@@ -391,29 +314,6 @@ class Trainer:
                 "from anchors only (the other rows are masked out of the update)",
                 record.step,
             )
-
-    def _choose_anchors(self, record: StepRecord, key) -> None:
-        g = record.group_size
-        if self.arm.samples_anchors_only:  # Its step's groups are the anchors already.
-            record.anchor_groups = np.ones(record.num_rows // g, bool)
-            record.anchor_weights = np.ones(record.num_rows // g, np.float32)
-            return
-        c, score = self.config, None
-        if record.wm is not None and self.anchor_policy != "random":
-            kind = "uncertainty" if self.anchor_policy == "uncertain" else c.anchors.score
-            debiased = self._debias(self.state.extra["correction"], record.wm.mean)
-            score = stages.group_scores(record, kind, np.asarray(debiased))
-        count = None
-        if self.arm.adaptive_rho:  # ρ_t from the WM's out-of-sample error so far.
-            fraction = self._rho_fraction(self.state.extra["rho"])
-            record.anchor_fraction = float(fraction)
-            count = int(rho.num_groups(jax.random.fold_in(key, 1), fraction, record.num_rows // g))
-        choice = arms.choose_anchor_groups(
-            self.arm, key, num_groups=record.num_rows // g, fraction=c.anchor_fraction,
-            policy=self.anchor_policy, group_score=score, uniform_share=c.anchors.uniform_share,
-            count=count,
-        )  # fmt: skip
-        record.anchor_groups, record.anchor_weights = choice.groups, choice.weights
 
     @staticmethod
     def _anchor_rows(record: StepRecord) -> np.ndarray:
@@ -436,41 +336,6 @@ class Trainer:
             exec_seconds=got.exec_seconds,
             cached=got.counts["cached"],
         )
-
-    def _correct_rewards(self, record: StepRecord) -> None:
-        if self.arm.world_model:
-            wm, before = record.wm, self.state.extra["correction"]
-            record.debiased = np.asarray(self._debias(before, wm.mean), np.float32)
-            if self.arm.adaptive_rho:  # Out of sample: the map has not seen these anchors.
-                errors = np.where(record.executed, record.real - record.debiased, np.nan)
-                drift = self._rho_update(self.state.extra["rho"], errors, np.isfinite(errors))
-                self.state = self.state.replace(extra={**self.state.extra, "rho": drift})
-            rows = {"anchor_weight": np.repeat(record.anchor_weights, record.group_size)}
-            if self.arm.local:  # Same task, nearby program features.
-                rows["task"] = stages.task_ids(record.tasks, record.group_size)
-                if record.rollout.features is not None:
-                    rows["features"] = record.rollout.features
-            if self.arm.memory:  # Programs executed earlier in the run, fused from memory.
-                known, count = self.runner.remembered(record.tasks, record.rollout.programs,
-                                                      record.group_size)  # fmt: skip
-                rows.update(known_real=known, known_count=count)
-            rewards, corr_state, diag = self._correct(
-                before, wm.mean, wm.var, record.real, record.executed,
-                real_replicate=record.partner, **rows,
-            )  # fmt: skip
-            self.state = self.state.replace(extra={**self.state.extra, "correction": corr_state})
-            record.rewards = np.asarray(rewards, np.float32)
-            record.correction = {k: float(v) for k, v in diag.items()}
-            # An unusable prediction is no reward: masked, unless a real score stands in.
-            valid = np.isfinite(wm.mean) | (record.executed & self.arm.use_real)
-        else:
-            record.rewards, valid = stages.wm_free_rewards(
-                record.real, record.executed, record.partner
-            )
-        record.rewards, valid = stages.with_no_program_rows(
-            record.rewards, valid, stages.no_program_rows(record.rollout), self.invalid_reward
-        )
-        record.valid = stages.finite_rows(record.rewards, valid, step=record.step)
 
     def _update(self, record: StepRecord, key, timing: LedgerStep) -> dict[str, float]:
         c = self.config
@@ -578,35 +443,6 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.source.close()
-
-
-class EvalSchedule:
-    """When a run evaluates and when it stops: by steps, or by compute spent.
-
-    Without a budget: every `eval_every` steps and at `num_steps`. With
-    `budget.compute_seconds` B: whenever the ledger first reaches one of the
-    points B·k/`eval_points` (k = 1..), the same grid for every arm, and the
-    run stops once B is spent.
-    """
-
-    def __init__(self, config: ml_collections.ConfigDict):
-        self.every = int(config.eval_every)
-        self.budget = float(config.budget.compute_seconds)
-        self.points = int(config.budget.eval_points)
-
-    def spent(self, ledger: Ledger) -> bool:
-        """The budget is used up (never, without one)."""
-        return self.budget > 0 and ledger.compute_seconds >= self.budget
-
-    def due(self, step: int, ledger: Ledger, history: Sequence[dict]) -> bool:
-        """This step is an evaluation point."""
-        if self.budget <= 0:
-            return step % self.every == 0
-        last = history[-1] if history else {}
-        fields = ("gen_seconds", "wm_seconds", "exec_seconds", "tool_seconds")
-        spent_then = sum(float(last.get(k, 0.0)) for k in fields)
-        grid = self.budget / self.points
-        return int(ledger.compute_seconds // grid) > int(spent_then // grid)
 
 
 def train_and_evaluate(

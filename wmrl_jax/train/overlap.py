@@ -50,15 +50,20 @@ Example:
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from wmrl_jax.agents.base import Rollout
+from wmrl_jax.agents.base import Agent, Rollout
 from wmrl_jax.envs.task import Task
+from wmrl_jax.train import stages
+from wmrl_jax.train.ledger import LedgerStep, Timer
 
-__all__ = ["Ahead", "decode", "encode", "executing", "task_ids"]
+__all__ = ["Ahead", "claim", "decode", "encode", "executing", "sample_ahead", "task_ids"]
+
+log = logging.getLogger(__name__)
 
 
 class Ahead(NamedTuple):
@@ -86,6 +91,45 @@ def executing(pending: Mapping[int, tuple]) -> bool:
     """Whether a step has executions in flight: a `Runner.submit` result with at least
     one future (rows the cache answers have None)."""
     return any(future is not None for _, future in pending.values())
+
+
+def sample_ahead(agent: Agent, params, tasks: Sequence[Task], *, step: int, group_size: int,
+                 key) -> Ahead:  # fmt: skip
+    """Samples `step`'s batch now, during the step before: from the params before
+    that step's update, while its programs execute.
+
+    Raises:
+      RuntimeError: the sampling failed; the message names both steps, the cause is chained.
+    """
+    try:
+        with Timer() as timer:
+            rollout = agent.rollout(params, tasks, group_size=group_size, key=key)
+    except Exception as e:
+        raise RuntimeError(
+            f"config.overlap: sampling step {step}'s batch ahead, while step {step - 1}'s "
+            f"programs execute, failed: {type(e).__name__}: {e}"
+        ) from e
+    return Ahead(step, task_ids(tasks), rollout, timer.seconds)
+
+
+def claim(
+    ahead: Ahead | None, step: int, tasks: Sequence[Task], timing: LedgerStep
+) -> Rollout | None:
+    """The batch sampled ahead for `step` and its `tasks`, charged to `timing`; else None.
+
+    A batch sampled for other tasks is dropped, but its generation was spent: it
+    is charged all the same (its seconds and tokens), and the step samples afresh.
+    """
+    if ahead is None:
+        return None
+    if (ahead.step, ahead.task_ids) == (step, task_ids(tasks)):
+        # Charged to the step that trains on it.
+        stages.charge_rollout(timing, ahead.rollout, ahead.gen_seconds)
+        return ahead.rollout
+    log.warning("step %d: the batch sampled ahead was for other tasks; resampling", step)
+    stages.charge_rollout(timing, ahead.rollout, ahead.gen_seconds)
+    timing.add(gen_tokens=ahead.rollout.gen_tokens)
+    return None
 
 
 def _encode_array(a) -> dict[str, Any]:

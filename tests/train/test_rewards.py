@@ -1,0 +1,74 @@
+"""A step's anchors and fed rewards (`Rewarder`) on hand-made records of 2 groups of 4."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs import tiny_cpu
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.train import arms, builder
+from wmrl_jax.train.config import override
+from wmrl_jax.train.rewards import Rewarder
+from wmrl_jax.train.stages import StepRecord
+
+G = 4
+
+
+def _rewarder(arm: str, **overrides):
+    config = override(tiny_cpu.get_config("runlocal"), arm=arm, **overrides)
+    assert (config.tasks_per_step, config.group_size) == (2, G)
+    return Rewarder(config, arms.get(arm), builder.make_correction(config)), config
+
+
+def _record(programs=("p",) * 8, causes=()):
+    rollout = Rollout(list(programs), {}, 0, tuple(causes))
+    return StepRecord(3, ["task a", "task b"], G, rollout=rollout)
+
+
+def test_an_arm_without_a_world_model_is_fed_its_real_scores():
+    rewarder, config = _rewarder("real")
+    extra = rewarder.init()
+    assert set(extra) == {"correction"}
+    record = _record(programs=["p"] * 7 + [""], causes=["ok"] * 7 + ["no_code"])
+    rewarder.choose_anchors(record, extra, jax.random.key(0))
+    np.testing.assert_array_equal(record.anchor_groups, [True, True])  # "real" runs all
+    record.real = np.array([0.1, 0.2, np.nan, 0.4, 0.5, 0.6, 0.7, np.nan], np.float32)
+    record.executed = np.isfinite(record.real)
+    record.partner = np.array([0.3] + [np.nan] * 7, np.float32)  # a second replicate
+    assert rewarder.correct(record, extra) is extra  # Nothing to update.
+    floor = builder.reward_floors(config).invalid
+    want = [0.2, 0.2, 0.0, 0.4, 0.5, 0.6, 0.7, floor]  # row 0: the replicates' mean
+    np.testing.assert_allclose(record.rewards, want, rtol=1e-6)
+    np.testing.assert_array_equal(record.valid, [1, 1, 0, 1, 1, 1, 1, 1])
+
+
+def test_anchors_only_executes_every_group_it_sampled():
+    rewarder, _ = _rewarder("anchors_only")
+    record = _record()
+    rewarder.choose_anchors(record, rewarder.init(), jax.random.key(0))
+    np.testing.assert_array_equal(record.anchor_groups, [True, True])
+    np.testing.assert_array_equal(record.anchor_weights, [1.0, 1.0])
+
+
+def test_adaptive_rho_chooses_and_then_measures_out_of_sample():
+    rewarder, config = _rewarder("wmrl_adaptive")
+    extra = rewarder.init()
+    assert set(extra) == {"correction", "rho"}
+    record = _record()
+    rewarder.choose_anchors(record, extra, jax.random.key(1))
+    # Before any error is measured ρ_t is the arm's own share (one group of two), clipped.
+    assert config.anchors.adaptive.rho_max == 0.3
+    assert record.anchor_fraction == pytest.approx(0.3)
+    # 0.3 x 2 = 0.6 groups, stochastically rounded.
+    assert record.anchor_groups.sum() in (0, 1) and record.anchor_weights.shape == (2,)
+    mean = np.linspace(0.1, 0.8, 8).astype(np.float32)
+    record.wm = WMOutput(mean, np.full(8, 0.01, np.float32), 0, 0)
+    record.real = np.where(np.arange(8) < G, mean + 0.1, np.nan).astype(np.float32)
+    record.executed = np.isfinite(record.real)
+    record.partner = np.full(8, np.nan, np.float32)
+    out = rewarder.correct(record, extra)
+    assert out is not extra and set(out) == {"correction", "rho"}
+    assert int(out["rho"].steps) == 1 and int(extra["rho"].steps) == 0  # Not in place.
+    np.testing.assert_allclose(record.debiased, mean)  # Before the map saw an anchor.
+    assert record.valid.all() and np.isfinite(record.rewards).all()
+    assert record.correction  # The correction's diagnostics.
