@@ -144,6 +144,30 @@ def test_predict_parses_stubbed_answers():
     assert calls[0][1]["temperature"] == 1.0 and calls[0][1]["eos_ids"] == (2,)
 
 
+def test_world_model_calls_are_cut_by_wm_batch_size():
+    tok = load(FIXTURE).tokenizer
+    answer = tok('{"valid_probability": 1, "percentile": 0.5}', add_special_tokens=False)
+    calls = []
+
+    def sample_fn(model, ids, mask, key, *, max_new_tokens, **kw):
+        calls.append(np.asarray(ids).shape[0])
+        row = answer["input_ids"] + [2]
+        tokens = np.zeros((len(ids), max(max_new_tokens, len(row))), np.int32)
+        tokens[:, : len(row)] = row
+        live = (tokens != 0).astype(np.int32)
+        return SampleOutput(tokens, np.where(live, -1.0, 0.0), live, live.sum(1))
+
+    # The rollout's batch size is unset (one call); the world model's is 2 rows a call.
+    model, agent = text_agent(sample_fn=sample_fn, stop_ids=(2,), wm_batch_size=2)
+    ro = Rollout(["print(1)", "print(2)", "print(3)"], {}, 0)
+    out = agent.predict(model.params, [text_task("a")], ro, key=jax.random.key(0))
+    assert calls == [2, 2, 2]  # 3 programs x K = 2 answers, in calls of 2 rows
+    np.testing.assert_allclose(out.mean, [0.5] * 3, atol=1e-6)
+    calls.clear()
+    agent.rollout(model.params, [text_task("a")], group_size=3, key=jax.random.key(1))
+    assert calls == [3]
+
+
 def test_rollout_rows_without_a_program_carry_their_cause():
     texts = ["```python\nprint(1)\n```", "I cannot.", "```py\nx = (\n```", ""]
     model, agent = text_agent(sample_fn=_stub(texts, []), stop_ids=(2,))

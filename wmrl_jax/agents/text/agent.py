@@ -237,13 +237,15 @@ class TextAgent:
         key,
         *,
         call_rows=None,
+        wm: bool = False,
         **kw,
     ):
         """Left pads `prompts` to `length`, repeats each row `repeat` times, samples.
 
         `generation.generate` with the agent's sampler, model, tokens, mesh and
-        `batch_size`; without one, a single call of `call_rows` rows (default: as
-        many as asked), so that asking for fewer rows does not recompile.
+        `batch_size` (`wm_batch_size` for the world model's calls, `wm=True`);
+        without one, a single call of `call_rows` rows (default: as many as
+        asked), so that asking for fewer rows does not recompile.
 
         Returns:
             (prompt ids [R, length], prompt mask [R, length], SampleOutput as numpy [R, M]).
@@ -258,7 +260,7 @@ class TextAgent:
             key,
             pad_id=self.pad_id,
             stop_ids=self.stop_ids,
-            batch_size=self.batch_size,
+            batch_size=self.wm_batch_size if wm else self.batch_size,
             call_rows=call_rows,
             mesh=self.mesh,
             **kw,
@@ -372,6 +374,7 @@ class TextAgent:
             k,
             key,
             call_rows=n * k,  # one compiled shape, however many rows hold a program
+            wm=True,
             max_new_tokens=self.wm_max_new_tokens,
             **self.sampling,
         )
