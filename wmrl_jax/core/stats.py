@@ -3,21 +3,25 @@
 Fixed shapes under jit: the entries that count are marked by a bool mask
 instead of being gathered, and an empty (or too small) selection gives NaN
 rather than an error. The reward correction's diagnostics read them
-(`wmrl_jax.core.correction`), as does the embodied study's per-group score.
+(`wmrl_jax.core.correction`); the studies score a world model by
+`group_rank_correlation`, the mean Spearman correlation within GRPO groups.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
 
-def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of `x` over `mask`; NaN when `mask` selects nothing.
+def masked_mean(x: jax.Array, mask: jax.Array, *, empty: float = jnp.nan) -> jax.Array:
+    """Mean of `x` over `mask`; `empty` (NaN) when `mask` selects nothing.
 
     Args:
       x: values of shape [n].
       mask: bool of shape [n].
+      empty: the value of an empty selection.
 
     Returns:
       A float scalar (float32 for float32 input).
@@ -28,7 +32,7 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     """
     count = jnp.sum(mask)
     total = jnp.sum(jnp.where(mask, x, 0))
-    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), empty)
 
 
 def _ranks(x, mask):
@@ -64,3 +68,35 @@ def rank_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
     denom = jnp.sqrt(jnp.sum(dx * dx) * jnp.sum(dy * dy))
     ok = (jnp.sum(mask) >= 2) & (denom > 0)
     return jnp.where(ok, jnp.sum(dx * dy) / jnp.where(ok, denom, 1), jnp.nan)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "min_count"))
+def group_rank_correlation(
+    x: jax.Array, y: jax.Array, group_size: int, *, min_count: int = 3
+) -> jax.Array:
+    """Mean over groups of the Spearman correlation of `x` and `y` within each group.
+
+    An entry where either side is not finite is left out of its group; a group
+    with fewer than `min_count` entries left, or constant on either side, is
+    left out of the mean (two points always correlate ±1).
+
+    Args:
+      x: values of shape [num_groups * group_size], group-major.
+      y: values of the same shape.
+      group_size: G, the entries of one group.
+      min_count: the fewest entries a group needs to count.
+
+    Returns:
+      A float32 scalar; NaN when no group counts.
+
+    Example:
+      >>> float(group_rank_correlation(jnp.array([1., 2., 3., 3., 2., 1.]),
+      ...                              jnp.array([1., 5., 9., 1., 2., 3.]), 3))
+      0.0
+    """
+    x = jnp.asarray(x, jnp.float32).reshape(-1, group_size)
+    y = jnp.asarray(y, jnp.float32).reshape(-1, group_size)
+    mask = jnp.isfinite(x) & jnp.isfinite(y)
+    corr = jax.vmap(rank_correlation)(x, y, mask)
+    counts = (jnp.sum(mask, axis=1) >= min_count) & jnp.isfinite(corr)
+    return masked_mean(corr, counts)

@@ -27,7 +27,7 @@ import numpy as np
 import optax
 
 from wmrl_jax.core.correction import make_reward_correction
-from wmrl_jax.core.stats import rank_correlation
+from wmrl_jax.core.stats import group_rank_correlation
 from wmrl_jax.embodied import arms as arms_lib
 from wmrl_jax.embodied import envs as envs_lib
 from wmrl_jax.embodied import grpo_step, progress, rollout, tasks
@@ -115,15 +115,6 @@ def _warm_start(config, make_env, wm: progress.LearnedProgress, key) -> int:
         steps += ep.sim_steps
     env.close()
     return steps
-
-
-def _group_rank_corr(pred, real, group_size) -> float:
-    """Mean within-group Spearman correlation of predictions with real outcomes."""
-    pred, real = np.asarray(pred).reshape(-1, group_size), np.asarray(real).reshape(-1, group_size)
-    valid = np.ones(group_size, bool)
-    corr = [float(rank_correlation(p, r, valid)) for p, r in zip(pred, real, strict=True)]
-    corr = [c for c in corr if np.isfinite(c)]
-    return float(np.mean(corr)) if corr else float("nan")
 
 
 def run_arm(
@@ -246,7 +237,7 @@ def run_arm(
         else:
             pred_mean, pred_var = world_model.predict(ep)
             if n_exec:
-                corrs.append(_group_rank_corr(pred_mean[executed], real[executed], g))
+                corrs.append(float(group_rank_correlation(pred_mean[executed], real[executed], g)))
             if arm_spec.correct:
                 rewards, corr_state, _ = correction_update(
                     corr_state,

@@ -38,6 +38,7 @@ from wmrl_jax.core import anchors as anchors_lib
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
 from wmrl_jax.core import rho as rho_lib
+from wmrl_jax.core.stats import masked_mean
 from wmrl_jax.envs import simulated
 from wmrl_jax.studies.smoothing import trailing_mean
 from wmrl_jax.train import arms as arms_lib
@@ -58,10 +59,6 @@ def _masked_var(x, mask):
     return jnp.where(
         jnp.sum(mask) > 1, jnp.sum(jnp.where(mask, (x - mean) ** 2, 0)) / count, jnp.nan
     )
-
-
-def _masked_mean(x, mask):
-    return jnp.sum(jnp.where(mask, x, 0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
 def _policy_loss(logits, tasks, actions, advantages, rows, *, clip_eps: float):
@@ -133,7 +130,7 @@ def _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, maske
     return {
         "true_reward": jnp.mean(jnp.sum(policy * env.quality, axis=-1)),
         "executions": jnp.sum(anchor).astype(jnp.float32),
-        "bias": _masked_mean(error, anchor) if masked else jnp.mean(error),
+        "bias": masked_mean(error, anchor, empty=0.0) if masked else jnp.mean(error),
         "error_var": _masked_var(error, anchor) if masked else jnp.var(error),
         "anchor_var_real": _masked_var(real - quality, anchor),
         "anchor_var_debiased": _masked_var(debiased - quality, anchor),

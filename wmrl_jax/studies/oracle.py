@@ -18,20 +18,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from wmrl_jax.core.stats import group_rank_correlation
 from wmrl_jax.train import stages
 from wmrl_jax.train.stages import StepRecord
 
 
-def _group_rank_corr(a: np.ndarray, b: np.ndarray, g: int) -> float:
-    """Mean over groups of the Spearman correlation of a and b within each group."""
-    from scipy.stats import spearmanr
-
-    out = []
-    for x, y in zip(a.reshape(-1, g), b.reshape(-1, g), strict=True):
-        ok = np.isfinite(x) & np.isfinite(y)
-        if ok.sum() > 2 and np.ptp(x[ok]) > 0 and np.ptp(y[ok]) > 0:
-            out.append(spearmanr(x[ok], y[ok])[0])
-    return float(np.mean(out)) if out else float("nan")
+def _rank_corr(a: np.ndarray, b: np.ndarray, g: int) -> float:
+    return float(group_rank_correlation(a, b, g))
 
 
 def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
@@ -41,11 +34,11 @@ def oracle_metrics(rewards, valid, truth, wm_mean, g: int) -> dict[str, float]:
         "oracle/true_reward": float(np.mean(truth)),
         "oracle/fed_bias": float(np.mean(err[valid])) if valid.any() else np.nan,
         "oracle/fed_error_var": float(np.var(err[valid])) if valid.any() else np.nan,
-        "oracle/fed_group_rank_corr": _group_rank_corr(np.where(valid, rewards, np.nan), truth, g),
+        "oracle/fed_group_rank_corr": _rank_corr(np.where(valid, rewards, np.nan), truth, g),
     }
     if wm_mean is not None and np.isfinite(wm_mean).any():
         m["oracle/wm_bias"] = float(np.nanmean(wm_mean - truth))
-        m["oracle/wm_group_rank_corr"] = _group_rank_corr(wm_mean, truth, g)
+        m["oracle/wm_group_rank_corr"] = _rank_corr(wm_mean, truth, g)
     return m
 
 
@@ -99,7 +92,7 @@ def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:
             # Out of sample: only programs never executed in this run (up to this step), so
             # the world model cannot have learned their outcome from an anchor.
             fresh = np.array([pair not in executed for pair in pairs])
-            metrics["oracle/wm_oos_group_rank_corr"] = _group_rank_corr(
+            metrics["oracle/wm_oos_group_rank_corr"] = _rank_corr(
                 np.where(fresh, wm_mean, np.nan), truth, g
             )
         return metrics
