@@ -234,3 +234,23 @@ def test_per_sample_wm_variance_scales_with_prediction_variance():
     # The sample whose WM is more confident stays closer to the WM's value.
     debiased = float(c.debias(state, pred)[0])
     assert abs(float(rewards[0]) - debiased) < abs(float(rewards[1]) - debiased)
+
+
+@pytest.mark.parametrize("wm_var", ["global", "per_sample"])
+def test_before_the_variances_are_known_each_stream_is_fed_as_it_is(wm_var):
+    # First update: too few residuals for σ²_wm (inf), and a WM claiming certainty on
+    # rows 1 and 3 (variance 0). A row with one stream gets that stream, not its fusion
+    # with an absent one; a row with both is fused, finite.
+    c = correction_lib.make_reward_correction(wm_var=wm_var, real_var_prior=0.01)
+    pred = np.array([0.34, 0.19, 0.34, 0.19], np.float32)
+    real = np.array([np.nan, np.nan, 0.05, 0.3], np.float32)
+    rewards, _, diag = c.update(
+        c.init(), pred, np.array([0.045, 0.0, 0.045, 0.0], np.float32), real, np.isfinite(real)
+    )
+    rewards = np.asarray(rewards)
+    assert float(diag["sigma2_wm"]) == np.inf
+    np.testing.assert_allclose(rewards[:2], pred[:2], rtol=1e-6)  # predictions, not halved
+    np.testing.assert_allclose(rewards[2:], real[2:], rtol=1e-6)  # σ²_wm = inf: the real
+    unusable = np.array([np.nan, 0.2, np.nan, np.nan], np.float32)
+    rewards, _, _ = c.update(c.init(), unusable, np.ones(4, np.float32), real, np.isfinite(real))
+    np.testing.assert_allclose(np.asarray(rewards)[2:], real[2:], rtol=1e-6)  # real alone

@@ -107,16 +107,18 @@ def _rewards(
     """The rewards r* of shape [N] and the weight on the WM in each, of shape [N].
 
     With `ivd`, debiased predictions and real scores are fused by inverse
-    variance where both exist; without it a real score replaces the prediction
-    (if `use_real`). A sample with neither gets `fallback`.
+    variance where both exist, and a sample with one of them gets it as it is
+    (even while its variance is unknown, inf); without `ivd` a real score
+    replaces the prediction (if `use_real`). A sample with neither gets `fallback`.
     """
     if ivd:
-        var_real = jnp.where(has_real, var_real, jnp.inf)
+        both = usable_pred & has_real
         fused, _ = fusion.inverse_variance_fuse(
             jnp.where(usable_pred, debiased, 0.0), var_wm, jnp.where(has_real, real, 0.0), var_real
         )
-        weight_wm = fusion.fusion_weight(var_wm, var_real)
-        return jnp.where(usable_pred | has_real, fused, fallback), weight_wm
+        one = jnp.where(usable_pred, debiased, jnp.where(has_real, real, fallback))
+        weight_wm = jnp.where(both, fusion.fusion_weight(var_wm, var_real), usable_pred * 1.0)
+        return jnp.where(both, fused, one), weight_wm
     replace = has_real & use_real
     weight_wm = jnp.where(replace, 0.0, 1.0)
     rewards = jnp.where(replace, real, debiased)

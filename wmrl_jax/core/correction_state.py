@@ -224,7 +224,10 @@ def wm_variance(
         scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
         # Floored per sample too: a WM that claims certainty (variance 0)
         # must not be trusted as exact.
-        var_wm = jnp.maximum(sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0), min_wm_var)
+        scaled = sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0)
+        # Before σ²_wm is estimated (inf) every row's error is unknown, whatever its
+        # own variance: inf, not inf x 0 = NaN for a WM that claims certainty.
+        var_wm = jnp.where(jnp.isinf(sigma2_wm), jnp.inf, jnp.maximum(scaled, min_wm_var))
     else:
         var_wm = jnp.broadcast_to(sigma2_wm, pred_var.shape)
     var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
