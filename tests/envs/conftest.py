@@ -80,3 +80,19 @@ def builtin_suite():
     from wmrl_jax.envs import builtin
 
     return builtin.cached_suite(seed=0)
+
+
+@pytest.fixture(scope="session")
+def suite_dir(tmp_path_factory) -> str:
+    """The seed-0 built-in suite shared by the recipe-table tests (modules may override)."""
+    from tests.envs.test_recipes import shared_suite
+
+    return shared_suite(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def table():
+    """The committed recipe table."""
+    from wmrl_jax.envs import tabular
+
+    return tabular.RecipeTable.load(tabular.DEFAULT_TABLE)

@@ -9,21 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.envs.test_recipes import shared_suite
 from wmrl_jax.envs import grading, recipes, table_build, tabular
 from wmrl_jax.envs.task import load_task
-
-TABLE = os.path.join(os.path.dirname(tabular.__file__), "data", "recipe_table.npz")
-
-
-@pytest.fixture(scope="session")
-def suite_dir(tmp_path_factory) -> str:
-    return shared_suite(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def table() -> tabular.RecipeTable:
-    return tabular.RecipeTable.load(TABLE)
 
 
 def test_run_in_process_matches_the_table(table, suite_dir):

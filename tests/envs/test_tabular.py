@@ -12,23 +12,13 @@ import sys
 import numpy as np
 import pytest
 
-from tests.envs.test_recipes import local_executor, shared_suite
+from tests.envs.test_recipes import local_executor
 from wmrl_jax.envs import recipes, suite, tabular
 from wmrl_jax.envs.outcomes import SandboxOutcomes
 from wmrl_jax.envs.recipes import Recipe
 from wmrl_jax.envs.task import load_task
 
-TABLE = os.path.join(os.path.dirname(tabular.__file__), "data", "recipe_table.npz")
-
-
-@pytest.fixture(scope="session")
-def suite_dir(tmp_path_factory) -> str:
-    return shared_suite(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def table() -> tabular.RecipeTable:
-    return tabular.RecipeTable.load(TABLE)
+TABLE = tabular.DEFAULT_TABLE
 
 
 def test_committed_table_covers_the_suite(table):
