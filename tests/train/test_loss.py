@@ -5,20 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.train.sharded_step_check import make_batch, tiny_model
+from tests.train.sharded_step_check import make_batch
 from tests.train.tiny_step import build, log_softmax64, step_config
-from wmrl_jax.models import qwen3, sharding
+from wmrl_jax.models import qwen3
 from wmrl_jax.train import loss as loss_lib
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
 def test_loss_matches_float64_reference(model, mesh):

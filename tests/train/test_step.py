@@ -10,24 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.train.sharded_step_check import make_batch, tiny_model
+from tests.train.sharded_step_check import make_batch
 from tests.train.tiny_step import build, opt_config, step_config
-from wmrl_jax.models import qwen3, sharding
+from wmrl_jax.models import qwen3
 from wmrl_jax.train import loss as loss_lib
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
 def test_schedule_by_hand():

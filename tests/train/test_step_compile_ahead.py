@@ -7,15 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.train.sharded_step_check import make_batch, tiny_model
+from tests.train.sharded_step_check import make_batch
 from wmrl_jax.models import sharding
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model()
 
 
 def build(model, kl_coef=0.1):
