@@ -40,6 +40,7 @@ setuptools.setup(
         "docker>=7.1",
         "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
         "tqdm>=4.60",
+        "pyyaml>=6.0",  # MLE-bench competition configs
         "matplotlib>=3.8",  # run and study plots
     ],
     extras_require={

@@ -220,37 +220,18 @@ def test_private_dirs_are_never_mountable(tmp_path, bench):
             mle_bench.check_mount(task, path)
 
 
-def test_config_subset_parser_matches_pyyaml():
-    yaml = pytest.importorskip("yaml")  # The independent reference.
+def test_config_is_parsed_by_pyyaml_and_must_be_a_mapping():
     text = CONFIG.format(metric="rmse", grade_fn="m.n:f")
-    assert mle_bench.parse_yaml_subset(text) == yaml.safe_load(text)
-    assert mle_bench.parse_config(text) == yaml.safe_load(text)
-
-
-def test_config_subset_parser():
-    text = (
-        "# comment\nid: x  # trailing\nflag: false\nn: 3\nr: 0.5\nq: 'a: b'\nempty:\n"
-        "nested:\n  inner:\n    deep: v\n  items:\n    - 1\n    - two\nflat:\n- a\n- b\nlast: ~\n"
-    )
-    assert mle_bench.parse_yaml_subset(text) == {
-        "id": "x",
-        "flag": False,
-        "n": 3,
-        "r": 0.5,
-        "q": "a: b",
-        "empty": None,
-        "nested": {"inner": {"deep": "v"}, "items": [1, "two"]},
-        "flat": ["a", "b"],
-        "last": None,
-    }
+    config = mle_bench.parse_config(text)
+    assert config["grader"]["grade_fn"] == "m.n:f"
+    assert config["dataset"]["answers"].endswith("prepared/private/test.csv")
     for bad, message in [
-        ("a: 1\n   b: 2\n", "unexpected indentation"),
-        ("a: [1, 2]\n", "beyond the supported subset"),
-        ("just text\n", "expected 'key: value'"),
-        ("a:\n\tb: 1\n", "tab indentation"),
+        ("a: [1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "not a mapping"),
+        ("", "not a mapping"),
     ]:
         with pytest.raises(mle_bench.CompetitionError, match=message):
-            mle_bench.parse_yaml_subset(bad)
+            mle_bench.parse_config(bad)
 
 
 def _drop(path):

@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+import yaml
 
 from wmrl_jax.envs import grading, metrics
 from wmrl_jax.envs import task as task_lib
@@ -76,32 +77,8 @@ MEDALS = ("gold", "silver", "bronze")
 # ---- config.yaml ---------------------------------------------------------------------
 
 
-def _scalar(text: str) -> Any:
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    low = text.lower()
-    if low in ("null", "~", ""):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    if text in ("[]", "{}"):
-        return [] if text == "[]" else {}
-    if text[0] in "[{&*!|>":
-        raise CompetitionError(f"config.yaml value {text!r} uses YAML beyond the supported subset")
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_config(text: str) -> dict[str, Any]:
-    """Parses config.yaml: PyYAML's `safe_load` when installed, else `parse_yaml_subset`."""
-    try:
-        import yaml
-    except ImportError:
-        return parse_yaml_subset(text)
+    """Parses config.yaml with PyYAML's `safe_load`; CompetitionError unless it is a mapping."""
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -109,55 +86,6 @@ def parse_config(text: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise CompetitionError("config.yaml is not a mapping")
     return loaded
-
-
-def parse_yaml_subset(text: str) -> dict[str, Any]:
-    """The YAML subset MLE-bench configs use, for machines without PyYAML.
-
-    Nested block mappings by indentation, block lists of scalars, plain /
-    quoted scalars, null, booleans, numbers, full-line and trailing ` #`
-    comments. Anything else raises `CompetitionError`.
-    """
-    lines = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        body = raw.split(" #")[0].rstrip()
-        if not body.strip() or body.lstrip().startswith("#"):
-            continue
-        if "\t" in body[: len(body) - len(body.lstrip())]:
-            raise CompetitionError(f"config.yaml line {lineno}: tab indentation")
-        lines.append((lineno, len(body) - len(body.lstrip()), body.strip()))
-    root: dict[str, Any] = {}
-    stack: list[tuple[int, Any]] = [(0, root)]
-    for i, (lineno, indent, body) in enumerate(lines):
-        is_item = body == "-" or body.startswith("- ")
-        while stack and (
-            indent < stack[-1][0]
-            or (indent == stack[-1][0] and isinstance(stack[-1][1], list) != is_item)
-        ):
-            stack.pop()
-        if not stack or indent != stack[-1][0]:
-            raise CompetitionError(f"config.yaml line {lineno}: unexpected indentation")
-        container = stack[-1][1]
-        if is_item:
-            container.append(_scalar(body[1:].strip()))
-            continue
-        key, sep, value = body.partition(":")
-        if not sep or not key.strip():
-            raise CompetitionError(f"config.yaml line {lineno}: expected 'key: value'")
-        key, value = key.strip(), value.strip()
-        if value:
-            container[key] = _scalar(value)
-            continue
-        following = lines[i + 1] if i + 1 < len(lines) else None
-        child_item = following is not None and following[2].startswith("-")
-        if following is not None and (
-            following[1] > indent or (following[1] == indent and child_item)
-        ):
-            container[key] = [] if child_item else {}
-            stack.append((following[1], container[key]))
-        else:
-            container[key] = None
-    return root
 
 
 # ---- competitions ----------------------------------------------------------------------
