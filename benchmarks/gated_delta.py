@@ -22,14 +22,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.forward import interleaved_medians, warmed, write_json
 from wmrl_jax import models
 from wmrl_jax.models.gated_delta import gated_delta_chunked, gated_delta_recurrent, l2_normalize
 
@@ -66,16 +65,8 @@ PRESETS = {
 
 
 def _rounds(fns: dict, repeats: int) -> dict:
-    """Median seconds per call of each function, timed in interleaved rounds."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median seconds per call of each function, warmed up, timed in interleaved rounds."""
+    return interleaved_medians({n: warmed(fn) for n, fn in fns.items()}, repeats=repeats)
 
 
 def _inputs(t: int, heads: int = 4, dim: int = 64):
@@ -217,10 +208,7 @@ def main(argv=None) -> None:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
     }
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":
