@@ -14,19 +14,15 @@ computes on the GPU is `launch/gpu_sandbox_check.sh`'s job, on a GPU machine.
 import concurrent.futures
 import json
 import os
-import shutil
-import signal
-import subprocess
 import tempfile
-import time
 
 import pytest
 
-from tests.sandbox.conftest import TEST_LIMITS, engine_lock
+from tests.sandbox.conftest import TEST_LIMITS
+from tests.sandbox.engines import ExtraEngine, running
 from wmrl_jax.sandbox import DockerExecutor
 
 STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-gpu-stub")
-SOCKET = os.path.join(STATE, "docker.sock")
 RECORD = os.path.join(STATE, "record")
 HOOK = """#!/bin/sh
 # Stand-in for the NVIDIA hook: records the NVIDIA variables of the container's spec.
@@ -49,108 +45,33 @@ print(json.dumps({
 """
 
 
-class StubEngine:
+class StubEngine(ExtraEngine):
     """A dockerd with the stand-in hook on its PATH, on its own socket."""
 
     def __init__(self):
-        self.pid_file = os.path.join(STATE, "dockerd.pid")
-        self.proc = None
-
-    def client(self, timeout=120):
-        import docker
-
-        return docker.DockerClient(base_url=f"unix://{SOCKET}", timeout=timeout)
-
-    def answers(self) -> bool:
-        try:
-            return bool(self.client(timeout=5).ping())
-        except Exception:
-            return False
+        self.bin_dir = os.path.join(STATE, "bin")
+        env = {
+            **os.environ,
+            "PATH": f"{self.bin_dir}:{os.environ['PATH']}",
+            "WMRL_GPU_STUB_RECORD": RECORD,
+        }
+        super().__init__(STATE, env=env, fresh=True)  # one a killed run left may lack the hook
 
     def start(self) -> None:
-        bin_dir = os.path.join(STATE, "bin")
-        os.makedirs(bin_dir, exist_ok=True)
+        os.makedirs(self.bin_dir, exist_ok=True)
         os.makedirs(RECORD, exist_ok=True)
-        hook = os.path.join(bin_dir, "nvidia-container-runtime-hook")
+        hook = os.path.join(self.bin_dir, "nvidia-container-runtime-hook")
         with open(hook, "w") as f:
             f.write(HOOK)
         os.chmod(hook, 0o755)
-        if self.answers():  # left by a killed run: its PATH may lack the hook
-            self.stop()
-        env = {
-            **os.environ,
-            "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "WMRL_GPU_STUB_RECORD": RECORD,
-        }
-        with open(os.path.join(STATE, "dockerd.log"), "a") as log:
-            self.proc = subprocess.Popen(
-                [
-                    "dockerd", f"--data-root={STATE}/data", f"--exec-root={STATE}/exec",
-                    f"--pidfile={self.pid_file}", f"--host=unix://{SOCKET}", "--bridge=none",
-                    "--iptables=false", "--ip-forward=false", "--ip-masq=false",
-                ],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not self.answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                with open(os.path.join(STATE, "dockerd.log")) as f:
-                    pytest.fail(f"the stub GPU engine did not start: {f.read()[-2000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        try:
-            with open(self.pid_file) as f:
-                pid = int(f.read())
-        except (OSError, ValueError):
-            return
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 30
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        if os.path.exists(f"/proc/{pid}"):
-            os.kill(pid, signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(30)
+        super().start()
 
 
 @pytest.fixture(scope="module")
 def stub_engine(docker_image):
     """The stub engine, answering, with the sandbox image; stopped afterwards."""
-    if shutil.which("dockerd") is None or os.geteuid() != 0:
-        reason = "an engine of its own needs dockerd and root"
-        if os.environ.get("WMRL_REQUIRE_DOCKER"):
-            pytest.fail(f"WMRL_REQUIRE_DOCKER is set but {reason}")
-        pytest.skip(reason)
-    import docker
-
-    engine = StubEngine()
-    engine.start()
-    try:
-        with engine_lock():
-            want = docker.from_env(timeout=300).images.get(docker_image).id
-        client = engine.client(timeout=300)
-        try:
-            have = client.images.get(docker_image).id
-        except docker.errors.ImageNotFound:
-            have = None
-        if have != want:
-            save = subprocess.Popen(["docker", "save", docker_image], stdout=subprocess.PIPE)
-            subprocess.run(
-                ["docker", f"--host=unix://{SOCKET}", "load", "--quiet"],
-                stdin=save.stdout, check=True, capture_output=True,
-            )  # fmt: skip
-            save.stdout.close()
-            assert save.wait() == 0
+    with running(StubEngine(), docker_image) as engine:
         yield engine
-    finally:
-        engine.stop()
 
 
 @pytest.fixture

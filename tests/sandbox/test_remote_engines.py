@@ -8,7 +8,6 @@ fault test SIGKILLs the second engine mid-batch.
 """
 
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -17,73 +16,26 @@ import time
 import pytest
 
 from tests.sandbox.conftest import TEST_LIMITS
+from tests.sandbox.engines import ExtraEngine, running
 from wmrl_jax.sandbox.docker_backend import LABEL
 from wmrl_jax.sandbox.fanout import DEADLINE_MESSAGE
 from wmrl_jax.sandbox.remote import EnginePool
 
 STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-second")
-SOCKET = os.path.join(STATE, "docker.sock")
-URL_B = f"unix://{SOCKET}"
-START_TIMEOUT_S = 60
+URL_B = f"unix://{os.path.join(STATE, 'docker.sock')}"
 
 
-class SecondEngine:
-    """A dockerd of its own on `SOCKET`; `start` / `kill` / `stop`."""
+class SecondEngine(ExtraEngine):
+    """The second engine; `kill` takes it down as a lost machine."""
 
     def __init__(self):
-        self.pid_file = os.path.join(STATE, "dockerd.pid")
-        self.proc = None
-
-    def client(self, timeout=120):
-        import docker
-
-        return docker.DockerClient(base_url=URL_B, timeout=timeout)
-
-    def answers(self) -> bool:
-        try:
-            return bool(self.client(timeout=5).ping())
-        except Exception:
-            return False
+        super().__init__(STATE)
 
     def start(self) -> None:
-        if self.answers():
-            return
-        os.makedirs(STATE, exist_ok=True)
-        with open(os.path.join(STATE, "dockerd.log"), "a") as log:
-            self.proc = subprocess.Popen(
-                [
-                    "dockerd",
-                    f"--data-root={STATE}/data",
-                    f"--exec-root={STATE}/exec",
-                    f"--pidfile={self.pid_file}",
-                    f"--host={URL_B}",
-                    "--bridge=none",
-                    "--iptables=false",
-                    "--ip-forward=false",
-                    "--ip-masq=false",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                with open(os.path.join(STATE, "dockerd.log")) as f:
-                    pytest.fail(f"second dockerd did not start: {f.read()[-2000:]}")
-            time.sleep(0.1)
+        super().start()
         # Containers a killed run left behind (records only: their processes died with it).
-        client = self.client()
-        for container in client.containers.list(all=True, filters={"label": LABEL}):
+        for container in self.client().containers.list(all=True, filters={"label": LABEL}):
             container.remove(force=True)
-
-    def pid(self) -> int | None:
-        try:
-            with open(self.pid_file) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            return None
 
     def kill(self) -> None:
         """SIGKILLs the engine and its containers' shims: the machine is gone."""
@@ -101,54 +53,12 @@ class SecondEngine:
         # dockerd bind-mounts its data root onto itself and unmounts it on a clean stop only.
         subprocess.run(["umount", "--lazy", f"{STATE}/data"], check=False, capture_output=True)
 
-    def stop(self) -> None:
-        """SIGTERM (SIGKILL after 30 s) to the engine of the pid file, if it runs."""
-        pid = self.pid()
-        if pid is None or not self.answers():
-            return
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        else:
-            if os.path.exists(f"/proc/{pid}"):
-                os.kill(pid, signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(30)
-
 
 @pytest.fixture(scope="module")
 def second_engine(docker_image):
     """The second engine, answering, with the sandbox image; stopped afterwards."""
-    if shutil.which("dockerd") is None or os.geteuid() != 0:
-        reason = "a second Docker engine needs dockerd and root"
-        if os.environ.get("WMRL_REQUIRE_DOCKER"):
-            pytest.fail(f"WMRL_REQUIRE_DOCKER is set but {reason}")
-        pytest.skip(reason)
-    engine = SecondEngine()
-    engine.start()
-    try:
-        import docker
-
-        first = docker.from_env(timeout=300)
-        want = first.images.get(docker_image).id
-        client = engine.client(timeout=300)
-        try:
-            have = client.images.get(docker_image).id
-        except docker.errors.ImageNotFound:
-            have = None
-        if have != want:
-            save = subprocess.Popen(["docker", "save", docker_image], stdout=subprocess.PIPE)
-            subprocess.run(
-                ["docker", f"--host={URL_B}", "load", "--quiet"], stdin=save.stdout, check=True
-            )
-            save.stdout.close()
-            assert save.wait() == 0
+    with running(SecondEngine(), docker_image) as engine:
         yield engine
-    finally:
-        engine.stop()
 
 
 def _first_url() -> str:
