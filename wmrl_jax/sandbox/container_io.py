@@ -19,7 +19,7 @@ from wmrl_jax.sandbox.files import copy_input, input_files
 from wmrl_jax.sandbox.result import TailBuffer
 
 
-def world_readable(root: str) -> bool:
+def _world_readable(root: str) -> bool:
     """Whether the container's unprivileged user can read every file under `root`."""
     for dirpath, _, filenames in os.walk(root):
         if os.stat(dirpath).st_mode & (stat.S_IROTH | stat.S_IXOTH) != (
@@ -45,14 +45,14 @@ def readable_input(input_dir, staging: str) -> str | None:
         return None
     real = os.path.realpath(input_dir)
     entries = input_files(real)
-    if all(path == os.path.join(real, rel) for rel, path in entries) and world_readable(real):
+    if all(path == os.path.join(real, rel) for rel, path in entries) and _world_readable(real):
         return real
     target = os.path.join(staging, "input")
     copy_input(real, target, file_mode=0o644, dir_mode=0o755)
     return target
 
 
-def cgroup_file(container_id: str, names: tuple[str, ...]) -> str | None:
+def _cgroup_file(container_id: str, names: tuple[str, ...]) -> str | None:
     """First readable cgroup file of the container on this host (v1 cgroupfs/systemd, v2)."""
     for base in (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope"):
         for name in names:
@@ -70,16 +70,16 @@ def cgroup_stats(container_id: str) -> tuple[float | None, int | None, int]:
     """(cpu seconds, peak memory bytes, OOM kills) where the engine is local, else Nones."""
     cpu = peak = None
     oom_kills = 0
-    if (text := cgroup_file(container_id, ("cpuacct.usage",))) is not None:
+    if (text := _cgroup_file(container_id, ("cpuacct.usage",))) is not None:
         cpu = int(text) / 1e9
-    elif (text := cgroup_file(container_id, ("cpu.stat",))) is not None:
+    elif (text := _cgroup_file(container_id, ("cpu.stat",))) is not None:
         usage = dict(line.split() for line in text.splitlines() if line)
         cpu = int(usage.get("usage_usec", 0)) / 1e6
     if (
-        text := cgroup_file(container_id, ("memory.max_usage_in_bytes", "memory.peak"))
+        text := _cgroup_file(container_id, ("memory.max_usage_in_bytes", "memory.peak"))
     ) is not None:
         peak = int(text)
-    if (text := cgroup_file(container_id, ("memory.oom_control", "memory.events"))) is not None:
+    if (text := _cgroup_file(container_id, ("memory.oom_control", "memory.events"))) is not None:
         fields = dict(line.split() for line in text.splitlines() if line)
         oom_kills = int(fields.get("oom_kill", 0))
     return cpu, peak, oom_kills
