@@ -55,3 +55,26 @@ def test_input_is_mounted_as_is_only_when_readable_and_free_of_links(tmp_path):
     assert (staging / "input" / "d" / "x.csv").read_text() == "1\n"
     assert os.stat(staging / "input" / "d" / "x.csv").st_mode & 0o777 == 0o644
     assert container_io.readable_input(None, str(staging)) is None
+
+
+def _cgroup(files: dict[str, str]):
+    return lambda container_id, names: next((files[n] for n in names if n in files), None)
+
+
+def test_cgroup_stats_read_v1_and_v2_files(monkeypatch):
+    v1 = {
+        "cpuacct.usage": "2500000000\n",
+        "memory.max_usage_in_bytes": "1048576\n",
+        "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+    }
+    v2 = {
+        "cpu.stat": "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n",
+        "memory.peak": "2097152\n",
+        "memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n",
+    }
+    monkeypatch.setattr(container_io, "_cgroup_file", _cgroup(v1))
+    assert container_io.cgroup_stats("c") == (2.5, 1 << 20, 1)
+    monkeypatch.setattr(container_io, "_cgroup_file", _cgroup(v2))
+    assert container_io.cgroup_stats("c") == (1.5, 2 << 20, 2)
+    monkeypatch.setattr(container_io, "_cgroup_file", _cgroup({}))  # a remote engine
+    assert container_io.cgroup_stats("c") == (None, None, 0)
