@@ -21,6 +21,11 @@ START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 
 
+def socket_url(state: str) -> str:
+    """The engine URL of the unix socket under the state dir `state`."""
+    return f"unix://{os.path.join(state, 'docker.sock')}"
+
+
 class ExtraEngine:
     """A dockerd of its own under `state`; `start` / `stop`.
 
@@ -33,7 +38,7 @@ class ExtraEngine:
 
     def __init__(self, state: str, *, env: dict | None = None, fresh: bool = False):
         self.state, self.env, self.fresh = state, env, fresh
-        self.url = f"unix://{os.path.join(state, 'docker.sock')}"
+        self.url = socket_url(state)
         self.pid_file = os.path.join(state, "dockerd.pid")
         self.proc = None
 

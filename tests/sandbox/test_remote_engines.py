@@ -16,13 +16,13 @@ import time
 import pytest
 
 from tests.sandbox.conftest import TEST_LIMITS
-from tests.sandbox.engines import ExtraEngine, running
+from tests.sandbox.engines import ExtraEngine, running, socket_url
 from wmrl_jax.sandbox.docker_backend import LABEL
 from wmrl_jax.sandbox.fanout import DEADLINE_MESSAGE
 from wmrl_jax.sandbox.remote import EnginePool
 
 STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-second")
-URL_B = f"unix://{os.path.join(STATE, 'docker.sock')}"
+URL_B = socket_url(STATE)
 
 
 class SecondEngine(ExtraEngine):
