@@ -1,8 +1,10 @@
-"""Host-side container I/O without an engine: the output archive and the input mount."""
+"""Host-side container I/O without an engine: the output archive, the input mount, the exec wait."""
 
 import io
 import os
 import tarfile
+import threading
+import time
 
 from wmrl_jax.sandbox import container_io
 
@@ -78,3 +80,63 @@ def test_cgroup_stats_read_v1_and_v2_files(monkeypatch):
     assert container_io.cgroup_stats("c") == (1.5, 2 << 20, 2)
     monkeypatch.setattr(container_io, "_cgroup_file", _cgroup({}))  # a remote engine
     assert container_io.cgroup_stats("c") == (None, None, 0)
+
+
+class _Exec:
+    """An engine's exec_inspect answers, one per call, the last one repeated."""
+
+    def __init__(self, *states):
+        self.states, self.calls = list(states), 0
+
+    def exec_inspect(self, exec_id):
+        self.calls += 1
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+
+NOT_STARTED = {"Running": False, "ExitCode": None, "Pid": 0}
+RUNNING = {"Running": True, "ExitCode": None, "Pid": 7}
+EXITED = {"Running": False, "ExitCode": 0, "Pid": 7}
+
+
+def _reader(alive: bool) -> tuple[threading.Thread, threading.Event]:
+    done = threading.Event()
+    reader = threading.Thread(target=done.wait, daemon=True)
+    reader.start()
+    if not alive:
+        done.set()
+        reader.join()
+    return reader, done
+
+
+def test_an_exec_not_started_yet_has_not_ended():
+    # The reader thread starts the exec; polled before that, the engine reports it
+    # not running and without an exit code. Reading that as "ended" made a busy
+    # loop with a 1 s timeout come back "killed" instead of "timeout".
+    api = _Exec(NOT_STARTED, NOT_STARTED, RUNNING, RUNNING, EXITED)
+    reader, done = _reader(alive=True)
+    try:
+        assert container_io.wait_exec(api, "x", reader, time.monotonic() + 30)
+        assert api.calls == 5
+        api = _Exec(NOT_STARTED, RUNNING)
+        start = time.monotonic()
+        assert not container_io.wait_exec(api, "x", reader, start + 0.3)
+        assert time.monotonic() - start >= 0.3
+    finally:
+        done.set()
+
+
+def test_an_exec_whose_start_failed_has_ended():
+    reader, _ = _reader(alive=False)  # the reader gave up: exec_start raised
+    api = _Exec(NOT_STARTED)
+    assert container_io.wait_exec(api, "x", reader, time.monotonic() + 30)
+    assert api.calls == 1
+
+
+def test_a_running_exec_waits_for_the_deadline():
+    reader, done = _reader(alive=True)
+    try:
+        start = time.monotonic()
+        assert not container_io.wait_exec(api := _Exec(RUNNING), "x", reader, start + 0.3)
+        assert time.monotonic() - start >= 0.3 and api.calls > 1
+    finally:
+        done.set()

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.sandbox.conftest import TEST_LIMITS
-from wmrl_jax.sandbox import STATUSES
+from wmrl_jax.sandbox import STATUSES, container_io
 
 MiB = 1 << 20
 
@@ -409,6 +409,21 @@ def test_nothing_left_in_the_temp_dir(executor, tmp_path, monkeypatch):
     for source in ("print(1)", "while True: pass", "import os\nos.symlink('/etc', 'output/x')"):
         run(executor, source, timeout_s=1.0)
     assert os.listdir(scratch) == []
+
+
+def test_a_late_start_of_the_exec_is_not_its_end(docker_executor, monkeypatch):
+    # The reader thread starts the exec; on a busy machine the first polls come
+    # before that. A busy loop must still end as "timeout", an ok program as "ok".
+    consume = container_io.OutputStream._consume
+
+    def late(self, api, exec_id):
+        time.sleep(0.3)
+        consume(self, api, exec_id)
+
+    monkeypatch.setattr(container_io.OutputStream, "_consume", late)
+    result = run(docker_executor, "while True:\n    pass\n", timeout_s=1.0)
+    assert result.status == "timeout", result
+    assert_healthy(docker_executor)
 
 
 def test_interrupted_caller_leaves_no_container(docker_executor, monkeypatch):

@@ -141,10 +141,12 @@ class OutputStream:
 
 
 def wait_exec(api, exec_id: str, reader: threading.Thread, deadline: float) -> bool:
-    """Waits for the exec to stop running; False when `deadline` (monotonic) passed first.
+    """Waits for the exec to end; False when `deadline` (monotonic) passed first.
 
     The stream can end before the process (closed stdout) or outlive it (a child
-    holding the pipe): the exec's state decides.
+    holding the pipe): the exec's state decides. An exec the reader has not
+    started yet is not running either, but has no exit code: it has not ended
+    until it has one, or until the reader gave up (the start failed).
     """
     interval = 0.005
     while True:
@@ -153,5 +155,6 @@ def wait_exec(api, exec_id: str, reader: threading.Thread, deadline: float) -> b
             return False
         reader.join(min(remaining, interval))
         interval = min(2 * interval, 0.1)
-        if not api.exec_inspect(exec_id)["Running"]:
+        state = api.exec_inspect(exec_id)
+        if not state["Running"] and (state.get("ExitCode") is not None or not reader.is_alive()):
             return True
