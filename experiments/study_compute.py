@@ -245,8 +245,10 @@ def headline(analysis: dict) -> str:
         lines.append(
             f"Fusion on executed rows: error variance against the replicate mean {fused:.4f} "
             f"(fed) vs {real_err:.4f} (real) and {wm_err:.4f} (debiased WM): "
-            + ("below both streams." if below else "not below both streams.")
-        )
+            + ("below both streams" if below else "not below both streams")
+            + (f"; the real and WM errors correlate {corr:+.2f} (mean over steps)."
+               if (corr := wmrl.get("anchor_error_corr")) is not None else ".")
+        )  # fmt: skip
     return " ".join(lines)
 
 

@@ -80,17 +80,53 @@ def test_ivd_matches_float64_fusion_reference():
     state = c.init()
     for _ in range(6):
         _, pred, real, anchor = _sim(rng, 50)
+        before = state
         rewards, state, diag = _step(c, state, pred, real, anchor)
+    # An executed row is fused with the map fitted before its own execution entered the
+    # buffer: the refitted map has seen this very real score, and its error would be
+    # correlated with the real score's, which the inverse-variance weights assume away.
+    out_of_sample = np.asarray(c.debias(before, pred), np.float64)
     debiased = np.asarray(c.debias(state, pred), np.float64)
+    assert np.abs(out_of_sample - debiased)[anchor].max() > 1e-3  # the two maps differ
     var_wm, var_real = float(diag["sigma2_wm"]), float(diag["sigma2_real"])
     expected = np.where(
         anchor,
-        (debiased / var_wm + real / var_real) / (1 / var_wm + 1 / var_real),
+        (out_of_sample / var_wm + real / var_real) / (1 / var_wm + 1 / var_real),
         debiased,
     )
     np.testing.assert_allclose(rewards, expected, rtol=1e-5, atol=1e-6)
     w = float(diag["fused_weight_wm"])
     np.testing.assert_allclose(w, var_real / (var_wm + var_real), rtol=1e-5)
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_an_executed_row_sees_its_own_execution_only_through_the_real_stream(local):
+    # Fed reward of an executed row: w * (WM stream) + (1 - w) * real. Moving the row's
+    # own real score must leave the WM stream where it was: a stream that had seen the
+    # score (the refitted map, a local offset with the row's own residual) would carry
+    # its noise too, and the inverse-variance weights assume the two errors independent.
+    rng = np.random.default_rng(3)
+    c = correction_lib.make_reward_correction(
+        capacity=64, real_var_prior=0.01, real_var_prior_count=1e6, var_decay=1.0,
+        min_anchors=4, local=local,
+    )  # fmt: skip
+    task = np.repeat(np.arange(5), 8)
+    kw = {"task": task} if local else {}
+    state = c.init()
+    for _ in range(5):
+        _, pred, real, anchor = _sim(rng, 40)
+        _, state, _ = _step(c, state, pred, real, anchor, **kw)
+    _, pred, real, anchor = _sim(rng, 40)
+    anchor[:8] = True  # the whole first group is executed: its other rows are its neighbours
+    streams = []
+    for shift in (0.0, 0.3):
+        moved = real.copy()
+        moved[0] += shift
+        rewards, _, diag = _step(c, state, pred, moved, anchor, **kw)
+        w = float(diag["fused_weight_wm"])  # one σ²_wm: the same weight on every row
+        streams.append((float(rewards[0]) - (1 - w) * moved[0]) / w)
+    # σ²_wm moves a little with the row's residual (w with it); the stream does not.
+    np.testing.assert_allclose(streams[0], streams[1], atol=1e-5)
 
 
 def test_ivd_off_uses_real_scores_on_anchors():
@@ -200,6 +236,30 @@ def test_variance_estimates_track_the_truth():
     np.testing.assert_allclose(float(diag["sigma2_wm"]), wm_noise**2, rtol=0.35)
     assert float(diag["rank_corr"]) > 0.9
     assert update._cache_size() == 1
+
+
+def test_wm_variance_is_unbiased_when_anchors_come_with_replicates():
+    # Residuals are one execution against the map (σ²_wm + σ²_real), also where a
+    # replicate pair is averaged into the fed real score (whose variance is σ²_real / 2):
+    # subtracting σ²_real from the pair mean's residuals would give σ²_wm - σ²_real / 2.
+    rng = np.random.default_rng(5)
+    noise = 0.08
+    c = correction_lib.make_reward_correction(capacity=512, var_decay=1.0)  # all residuals
+    update = jax.jit(c.update)
+    state = c.init()
+    errors = []
+    for _ in range(40):
+        true = rng.random(64).astype(np.float32)
+        pred = (true + noise * rng.normal(size=64)).astype(np.float32)
+        real, rep = (true + noise * rng.normal(size=(2, 64))).astype(np.float32)
+        anchor = rng.random(64) < 0.3
+        real, rep = np.where(anchor, real, np.nan), np.where(anchor, rep, np.nan)
+        if float(state.valid.sum()) >= 8:  # the residuals the estimate sees
+            errors.append((np.asarray(c.debias(state, pred)) - true)[anchor])
+        _, state, diag = update(state, pred, np.ones(64), real, anchor, real_replicate=rep)
+    np.testing.assert_allclose(float(diag["sigma2_real"]), noise**2, rtol=0.2)
+    # The debiased WM's error variance against the truth, on those rows (about 0.0055).
+    np.testing.assert_allclose(float(diag["sigma2_wm"]), np.var(np.concatenate(errors)), rtol=0.25)
 
 
 def test_errors():

@@ -64,5 +64,7 @@ def test_stream_errors_compare_the_streams_on_the_same_executed_rows():
     np.testing.assert_allclose(m["oracle/anchor_real_error_var"], np.var([0.0, -0.2, 0.2]), 1e-6)
     np.testing.assert_allclose(m["oracle/anchor_wm_error_var"], np.var([0.1, 0.1, -0.1]), 1e-6)
     np.testing.assert_allclose(m["oracle/anchor_fed_error_var"], np.var([0.0, 0.05, -0.05]), 1e-6)
+    # Errors (0, -0.2, 0.2) and (0.1, 0.1, -0.1): Pearson correlation -sqrt(3)/2.
+    np.testing.assert_allclose(m["oracle/anchor_error_corr"], -np.sqrt(3) / 2, 1e-5)
     rec.debiased = None  # An arm without a world model has no streams to compare.
     assert stream_errors(rec, truth) == {}

@@ -15,7 +15,8 @@ for real, giving `r`. `make_reward_correction(...)` returns an
 1. **Out-of-sample residuals.** The map fitted at the previous step, `g`, is
    applied to this step's anchors; `r - g(r̂)` feeds an exponentially decayed
    variance estimate. Residuals are out of sample, so the estimate is not
-   shrunk by the map having seen these very points. It estimates
+   shrunk by the map having seen these very points, and `r` is one execution
+   (also where a replicate pair is averaged below), so it estimates
    `σ²_wm + σ²_real`; `σ²_wm` is that minus `σ²_real`, floored.
 2. **Anchor buffer.** New anchor pairs `(r̂, r)` enter a fixed-capacity ring
    buffer (oldest out); with `decay < 1` older pairs also lose weight
@@ -24,7 +25,11 @@ for real, giving `r`. `make_reward_correction(...)` returns an
    (`wmrl_jax.core.isotonic`) and applied to all predictions: `r̃ = g(r̂)`.
 4. **Inverse-Variance Denoising.** Where a real score exists,
    `r* = (r̃/σ²_wm + r/σ²_real) / (1/σ²_wm + 1/σ²_real)`
-   (`wmrl_jax.core.fusion`); elsewhere `r* = r̃`.
+   (`wmrl_jax.core.fusion`); elsewhere `r* = r̃`. For a row executed this
+   step `r̃` is `g(r̂)` under the map of step 1, fitted before its execution:
+   the refitted map has seen `r`, so its error would share the real score's,
+   and the weights assume the two errors independent (the local correction
+   likewise leaves the row's own execution out).
 
 The buffer and the σ² estimates are the state's pieces
 (`wmrl_jax.core.correction_state`): `σ²_real` comes from replicate
@@ -244,9 +249,10 @@ def make_reward_correction(
         mapped = isotonic.isotonic_predict(state.fit, pred_mean, backend=backend)
         return jnp.where(jnp.sum(state.valid) >= min_anchors, mapped, pred_mean)
 
-    def local_fn(state, task_ids, feats, exclude=None):
-        """Local offsets of shape [N] from `state`'s buffer, residuals under its map."""
-        resid = state.real - debias_fn(state, state.pred)
+    def local_fn(state, task_ids, feats, exclude=None, map_state=None):
+        """Local offsets of shape [N] from `state`'s buffer, residuals under its map
+        (or under `map_state`'s)."""
+        resid = state.real - debias_fn(state if map_state is None else map_state, state.pred)
         weight = jnp.where(state.valid, state.weight, 0.0)
         return local_lib.local_offsets(
             task_ids, feats, state.task, state.feat, resid, weight,
@@ -329,18 +335,18 @@ def make_reward_correction(
         usable_pred = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
         has_real = jnp.asarray(anchor_mask, bool) & jnp.isfinite(real)
         scores = real_scores(state, real, has_real, real_replicate, **real_settings)
-        real = scores.real
+        single, real = real, scores.real  # one execution; the replicate mean where paired
 
         # 1. Out-of-sample residuals against the previous map.
         anchors = has_real & usable_pred
         had_map = jnp.sum(state.valid) >= min_anchors
-        prev = debias_fn(state, pred_mean)
+        prev = held_out = debias_fn(state, pred_mean)  # the map fitted before this step
         if local:  # This step's anchors are not in the buffer yet: out of sample.
             prev = prev + local_fn(state, task_ids, feats)[0]
         resid_mask = anchors & (had_map | (not debias))
         wm = wm_variance(
             state,
-            real - prev,
+            single - prev,  # variance σ²_wm + σ²_real: one execution against the map
             resid_mask,
             pred_var,
             anchors,
@@ -368,6 +374,8 @@ def make_reward_correction(
         if local:  # A row never counts its own execution (`slots`).
             offsets, exact = local_fn(refit, task_ids, feats, exclude=slots)
             debiased = debiased + offsets
+            # This step's other anchors count, as residuals under the map fitted before.
+            held_out += local_fn(refit, task_ids, feats, exclude=slots, map_state=state)[0]
         prior_mean = masked_mean(buffer.real, buffer.valid)
         fallback = jnp.where(jnp.isnan(prior_mean), 0.0, prior_mean)
 
@@ -382,8 +390,11 @@ def make_reward_correction(
                 remembered, scores.sigma2_real / jnp.maximum(count, 1), scores.var_real
             )
             has_any = has_real | remembered
+        # A row executed now is fused with a WM stream that has not seen its execution:
+        # the map fitted before (the refitted one has, and its error would be correlated
+        # with the real score's, which the fusion's weights assume away).
         rewards, weight_wm = _rewards(
-            debiased,
+            jnp.where(has_real, held_out, debiased) if ivd else debiased,
             wm.var_wm,
             fused_real,
             var_real,

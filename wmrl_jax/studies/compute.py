@@ -401,6 +401,10 @@ def analyse(
         for stream in STREAMS:  # On executed rows: is the fused reward below both streams?
             key = f"oracle/anchor_{stream}_error_var"
             row[f"anchor_{stream}_error_var"] = _nanstat(np.nanmean, step_series(summaries, key))
+        # Which the fusion's weights assume to be 0: the real and WM errors' correlation.
+        row["anchor_error_corr"] = _nanstat(
+            np.nanmean, step_series(summaries, "oracle/anchor_error_corr")
+        )
         row.update(_quarters(summaries, DIAGNOSTICS))
         out[label] = row
     return out

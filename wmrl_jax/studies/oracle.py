@@ -49,6 +49,8 @@ def stream_errors(record: StepRecord, truth: np.ndarray) -> dict[str, float]:
     reward. `oracle/anchor_{real,wm,fed}_error_var` are the variances of
     (real stream − truth), (debiased WM − truth) and (fed reward − truth);
     inverse-variance fusion is doing its job when the last is below both.
+    `oracle/anchor_error_corr` is the correlation of the first two errors,
+    which the fusion's weights assume to be 0 (NaN where either is constant).
     """
     if record.debiased is None:
         return {}
@@ -57,10 +59,14 @@ def stream_errors(record: StepRecord, truth: np.ndarray) -> dict[str, float]:
     if rows.sum() < 2:
         return {}
     streams = {"real": real, "wm": record.debiased, "fed": record.rewards}
-    return {
-        f"oracle/anchor_{name}_error_var": float(np.var(x[rows] - truth[rows]))
-        for name, x in streams.items()
-    }
+    errors = {name: x[rows] - truth[rows] for name, x in streams.items()}
+    metrics = {f"oracle/anchor_{name}_error_var": float(np.var(e)) for name, e in errors.items()}
+    real_e, wm_e = errors["real"], errors["wm"]
+    constant = np.std(real_e) == 0 or np.std(wm_e) == 0
+    metrics["oracle/anchor_error_corr"] = (
+        np.nan if constant else float(np.corrcoef(real_e, wm_e)[0, 1])
+    )
+    return metrics
 
 
 def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:

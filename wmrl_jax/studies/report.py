@@ -123,7 +123,8 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
         "| compute to real's final held-out level: real / run (seeds) | anchors_only / run "
         "| real's compute for the run's final held-out level / run's "
         "| train-task true reward, start → final | WM rank corr. (out of sample) "
-        "| anchor error variance: real / WM / fed |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| anchor error variance: real / WM / fed (their errors' corr.) "
+        "|\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     rows = []
     for label in labels or list(analysis):
@@ -131,6 +132,8 @@ def format_study_table(analysis: dict, labels: list[str] | None = None) -> str:
         target = r.get("heldout_target_above_start", True)
         errors = " / ".join(fmt_number(r.get(f"anchor_{s}_error_var"), ".4f")
                             for s in ("real", "wm", "fed"))  # fmt: skip
+        if r.get("anchor_error_corr") is not None:
+            errors += f" ({fmt_number(r['anchor_error_corr'], '+.2f')})"
         rows.append(
             f"| {label} | {r.get('updates', float('nan')):.0f} "
             f"| {r['executions_total']:.0f} ({r.get('cached_executions', 0.0):.0f}) "
