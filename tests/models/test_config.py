@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from wmrl_jax.models.config import RopeConfig, config_from_dict, rope_frequencies
+from wmrl_jax.models.config import config_from_dict
+from wmrl_jax.models.rope import RopeConfig, rope_frequencies
 
 BASE = dict(
     model_type="qwen3",

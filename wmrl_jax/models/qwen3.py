@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wmrl_jax.models.attention import QUERY_BLOCK, attend
-from wmrl_jax.models.config import Qwen3Config, rope_frequencies
+from wmrl_jax.models.config import Qwen3Config
+from wmrl_jax.models.rope import rope_frequencies
 
 
 class KVCache(NamedTuple):

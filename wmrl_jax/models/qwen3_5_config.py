@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from wmrl_jax.models.config import RopeConfig
+from wmrl_jax.models.rope import RopeConfig
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 

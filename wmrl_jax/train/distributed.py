@@ -37,7 +37,7 @@ import dataclasses
 import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import jax
 import ml_collections
@@ -265,15 +265,6 @@ def write_on_primary(path: str | os.PathLike, data: bytes | str) -> bool:
         f.write(data.encode() if isinstance(data, str) else data)
     os.replace(tmp, path)
     return True
-
-
-def primary_only(fn: Callable) -> Callable:
-    """`fn` run on process 0; elsewhere a no-op returning None (for writers' methods)."""
-
-    def wrapped(*args, **kwargs):
-        return fn(*args, **kwargs) if is_primary() else None
-
-    return wrapped
 
 
 def process_rows(sharding: jax.sharding.Sharding, global_rows: int) -> slice:
