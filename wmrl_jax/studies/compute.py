@@ -358,14 +358,12 @@ def analyse(
             "heldout_before": float(np.mean(cv["percentile"][:, 0])),
             "heldout_final": float(np.mean(final)),
             "heldout_final_se": float(np.std(final, ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
-            "heldout_final_smoothed": float(np.mean(last_finite(sm[label]))),
             "compute_total": float(np.mean(last_finite(cv["compute"]))),
             "exec_seconds_total": float(np.mean(last_finite(cv["exec_seconds"]))),
+            # Charged executions are unique ones: the run's cache answers repeats (`cached`).
             "executions_total": float(np.mean(last_finite(cv["executions"]))),
             "updates": float(np.mean(last_finite(cv["step"]))),
             "reached": int(np.sum(np.isfinite(reach[label]))),
-            "compute_to_target": reach[label].tolist(),
-            "exec_seconds_to_target": _reach(cv["exec_seconds"], sm[label], targets).tolist(),
             "heldout_target_above_start": above_start,
         }
         row.update(_ratio_row("ratio", _ratio(reach[baseline], reach[label])))
@@ -386,12 +384,9 @@ def analyse(
                 "train_reward_start": float(np.mean(train[label][:, 0])),
                 "train_reward_final": float(np.mean(last_finite(train[label]))),
                 "train_reached": int(np.sum(np.isfinite(train_reach[label]))),
-                "train_ratio_vs_baseline": t_ratio.tolist(),
                 "train_ratio_median": _nanstat(np.nanmedian, t_ratio),
             }
         )
-        # Charged executions are unique ones: the run's cache answers repeats (`cached`).
-        row["unique_executions"] = row["executions_total"]
         row["cached_executions"] = float(
             np.mean([s["history"][-1].get("cached", 0.0) for s in summaries])
         )
