@@ -330,7 +330,9 @@ class RayExecutor(FanOut):
         self.node_resource = node_resource
         self._make_executor = make_executor
         self._actor_options = {
-            "max_concurrency": slots_per_node,
+            # A thread beyond the slots: `describe` (the liveness probe), `stats`
+            # and `close` answer while every slot runs a program.
+            "max_concurrency": slots_per_node + 1,
             "max_restarts": 0,
             "num_cpus": 0,
             **(actor_options or {}),

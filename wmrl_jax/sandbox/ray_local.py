@@ -69,12 +69,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    for pid in _descendants(proc.pid):
+def kill_tree(pid: int) -> None:
+    """SIGKILL to `pid` and every process below it (a node or an actor lost at once)."""
+    for p in _descendants(pid):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    kill_tree(proc.pid)
     proc.wait(30)
 
 
