@@ -22,7 +22,12 @@ else:
 
 from wmrl_jax.sandbox import InfraError  # noqa: E402
 from wmrl_jax.sandbox.ray_executor import RayExecutor  # noqa: E402
-from wmrl_jax.sandbox.ray_local import AUTH_VARS, HOST, LocalRayCluster  # noqa: E402
+from wmrl_jax.sandbox.ray_local import (  # noqa: E402
+    AUTH_VARS,
+    HOST,
+    LocalRayCluster,
+    reload_ray_auth,
+)
 
 
 def unused_loopback_address() -> str:
@@ -66,5 +71,12 @@ def test_cluster_joins_whatever_the_home_dir_holds_and_makes_its_log_dir(
         assert len(cluster.alive_nodes()) == 1 + workers  # a worker joins the head too
         assert ray.get(ray.remote(lambda: 6 * 7).options(num_cpus=0).remote()) == 42
         assert cluster.env["RAY_AUTH_MODE"] == os.environ["RAY_AUTH_MODE"] == "token"
+        if home_token:  # a driver without the cluster's token: one line saying so
+            ray.shutdown()
+            monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+            monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "2")  # Ray's retries
+            reload_ray_auth()
+            with pytest.raises(InfraError, match="refused this driver's authentication"):
+                RayExecutor(cluster.address)
     assert not any(key in os.environ for key in AUTH_VARS)  # the driver's own, back
     assert not ray.is_initialized()

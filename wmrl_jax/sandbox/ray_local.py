@@ -36,7 +36,7 @@ START_TIMEOUT_S = 120
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
-def _reload_auth() -> None:
+def reload_ray_auth() -> None:
     """Makes this process's Ray read its authentication settings again.
 
     Ray reads the mode and the token once per process and keeps them; a
@@ -106,7 +106,7 @@ class LocalRayCluster:
         self._driver_env = {k: os.environ.get(k) for k in AUTH_VARS}
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
         os.environ.update(auth, RAY_USAGE_STATS_ENABLED="0")
-        _reload_auth()
+        reload_ray_auth()
         with socket.socket() as s:
             s.bind((HOST, 0))
             self.port = s.getsockname()[1]
@@ -207,7 +207,7 @@ class LocalRayCluster:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _reload_auth()
+        reload_ray_auth()
 
     def __enter__(self):
         return self
