@@ -32,7 +32,7 @@ from wmrl_jax.sandbox.result import InfraError
 
 HOST = "127.0.0.2"
 START_TIMEOUT_S = 120
-#: The environment Ray reads its authentication from (the token file last).
+#: The variables Ray reads its authentication from (`~/.ray/auth_token` after them).
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
@@ -89,7 +89,8 @@ class LocalRayCluster:
     Args:
         workers: worker nodes besides the head.
         num_cpus: CPUs each node declares (programs' own limits are the executor's).
-        log_dir: where each node's output goes (default: a new temporary dir).
+        log_dir: where each node's output goes, created if missing (default: a new
+            temporary dir).
     """
 
     def __init__(self, workers: int = 1, *, num_cpus: int = 1, log_dir: str | None = None):
@@ -99,6 +100,10 @@ class LocalRayCluster:
         self.num_cpus = num_cpus
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="wmrl-ray-")
         os.makedirs(self.log_dir, exist_ok=True)
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            self.port = s.getsockname()[1]
+        self.address = f"{HOST}:{self.port}"
         auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
         self.env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
         self.env.update(auth, RAY_USAGE_STATS_ENABLED="0")
@@ -107,10 +112,6 @@ class LocalRayCluster:
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
         os.environ.update(auth, RAY_USAGE_STATS_ENABLED="0")
         reload_ray_auth()
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            self.port = s.getsockname()[1]
-        self.address = f"{HOST}:{self.port}"
         self.workers: list[subprocess.Popen | None] = []
         self.head = None
         try:
