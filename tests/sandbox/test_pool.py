@@ -86,12 +86,19 @@ def test_input_digest_sees_names_and_contents(tmp_path):
 
 
 def test_width_runs_programs_concurrently():
-    with ExecutorPool(local_executor(timeout_s=30), width=4, cache=False) as pool:
-        start = time.monotonic()
-        results = pool.map([f"import time\ntime.sleep(1)\nprint({i})" for i in range(4)])
-        elapsed = time.monotonic() - start
-    assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
-    assert elapsed < 3.0  # serial would take 4 s
+    # Each program prints when it started and ended (the machine's clock, shared
+    # by every process); at width 4 the four were running at one instant, i.e.
+    # every start precedes every end. One at a time, each would start after the
+    # one before ended. The sleep only needs to outlast the programs' start-up
+    # skew; however slow the machine, nothing here bounds the wall clock.
+    source = "import time\nstart = time.time()\ntime.sleep(2)\nprint({i}, start, time.time())"
+    with ExecutorPool(local_executor(timeout_s=60), width=4, cache=False) as pool:
+        results = pool.map([source.format(i=i) for i in range(4)])
+    assert [r.status for r in results] == ["ok"] * 4, [r.stderr for r in results]
+    stamps = [r.stdout.split() for r in results]
+    assert [int(i) for i, _, _ in stamps] == list(range(4))
+    starts, ends = zip(*[(float(s), float(e)) for _, s, e in stamps], strict=True)
+    assert max(starts) < min(ends), stamps
 
 
 def test_close_cancels_pending_and_rejects_new_work():

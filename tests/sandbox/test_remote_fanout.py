@@ -70,6 +70,20 @@ def test_lost_programs_run_on_another_worker_once():
     assert ex.stats["results"] == 5
 
 
+def test_without_rerun_lost_a_program_whose_worker_died_under_it_runs_once():
+    dying, healthy = ScriptedWorker("dying", slots=2, delay=0.05, dies=True), ScriptedWorker("ok")
+    with FanOut([dying, healthy], environment="test", rerun_lost=False) as ex:
+        results = ex.map([f"p{i}" for i in range(5)])
+    lost = [r for r in results if not r.ok]
+    assert len(lost) == len(dying.started) >= 1  # each resolved as lost, none ran again
+    assert all(r.status == "infra_error" for r in lost)
+    assert all("dying lost while the program ran (not run again" in r.message for r in lost)
+    assert sorted(healthy.started) == sorted(r.stdout for r in results if r.ok)
+    assert not set(healthy.started) & set(dying.started)
+    assert ex.stats["lost"] == len(dying.started) and ex.stats["retries"] == 0
+    assert ex.stats["results"] == 5
+
+
 def test_retries_stop_after_max_retries_and_a_programs_own_failure_is_not_retried():
     flaky = ScriptedWorker("flaky", status="infra_error")  # alive, but every run fails
     with FanOut([flaky], environment="test", max_retries=2) as ex:

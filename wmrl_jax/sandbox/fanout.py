@@ -7,9 +7,12 @@ is pushed onto a busy node), then runs there, and its future resolves as soon
 as it finishes (results stream back in completion order).
 
 Faults. When a worker dies mid-run (its engine stops answering, its node is
-lost), its programs come back as "infra_error" results; each is queued again
-for a worker it has not failed on yet, up to `max_retries` times, and the
-dead worker gets no more work until `refresh` finds it answering again.
+lost), its programs come back as "infra_error" results and the dead worker
+gets no more work until `refresh` finds it answering again. A program that
+came back as "infra_error" is queued again for a worker it has not failed on
+yet, up to `max_retries` times; one whose worker died under it (`WorkerLost`:
+it may have run in part or in whole, and may still be running there) only
+with `rerun_lost`, else its result is that "infra_error".
 Every submitted program resolves exactly once: a retried program is counted
 once in `stats["results"]`, its lost attempts in `stats["lost"]` (and their
 seconds in `stats["lost_seconds"]`), never as results. With `deadline_s`, a
@@ -82,6 +85,9 @@ class FanOut:
         environment: what programs run on (an image and its id); part of cache keys.
         max_retries: extra attempts after an "infra_error", each on another
             worker where one is left.
+        rerun_lost: whether a program whose worker died while it ran
+            (`WorkerLost`) counts as such an "infra_error" (run again; it may
+            then run twice) or resolves as one, naming the worker.
         deadline_s: seconds from submission after which a program is dropped
             (None: wait as long as it takes).
         refresh_interval_s: how often, at most, dead workers are probed again
@@ -94,6 +100,7 @@ class FanOut:
         *,
         environment: str,
         max_retries: int = 2,
+        rerun_lost: bool = True,
         deadline_s: float | None = None,
         refresh_interval_s: float = 5.0,
     ):
@@ -105,6 +112,7 @@ class FanOut:
             )
         self.environment = environment
         self.max_retries = max_retries
+        self.rerun_lost = rerun_lost
         self.deadline_s = deadline_s
         self.refresh_interval_s = refresh_interval_s
         self._workers: dict[str, Worker] = {}
@@ -335,11 +343,13 @@ class FanOut:
             pass
 
     def _finished(self, job: _Job, worker: Worker, future: concurrent.futures.Future) -> None:
-        lost = False
+        lost = died_under = False
         try:
             result = future.result()
         except WorkerLost as e:
-            lost, result = True, infra_error(f"worker {worker.name} lost: {e}")
+            lost = died_under = True
+            again = "" if self.rerun_lost else " (not run again: it may have run there)"
+            result = infra_error(f"worker {worker.name} lost while the program ran{again}: {e}")
         except Exception as e:
             result = infra_error(f"worker {worker.name} raised {type(e).__name__}: {e}")
         if result.status == "infra_error" and not lost:
@@ -357,7 +367,8 @@ class FanOut:
                 self.stats["lost"] += 1
                 self.stats["lost_seconds"] += result.wall_seconds
                 job.tried.add(worker.name)
-                if job.attempts <= self.max_retries and not self._closed:
+                rerun = self.rerun_lost or not died_under
+                if rerun and job.attempts <= self.max_retries and not self._closed:
                     self.stats["retries"] += 1
                     self._queue.appendleft(job)
                 else:

@@ -13,11 +13,19 @@ once into its own cache and mounts that copy for every program that needs
 it (`NodeSandbox.stats()["inputs_unpacked"]`).
 
 A node that dies mid-batch (its raylet or the actor's process killed) turns
-its running programs into "infra_error" results, which run again on other
-nodes (see `FanOut`); `refresh` starts actors on nodes that joined since.
+its running programs into "infra_error" results that name the node; they are
+not run again elsewhere, since a program may have run (and its container may
+still run) on a node whose actor is gone, unless `rerun_lost=True` says so
+(see `FanOut`). Programs still queued run on the other nodes; `refresh`
+starts actors on nodes that joined since. An actor that exits gracefully
+(its handles dropped, the driver gone) closes its executor first.
 
 Needs the `ray` extra (`pip install -e ".[ray]"`). Connects to a running
-cluster (`address`, or the driver's `ray.init`), never starts one.
+cluster (`address`, or the driver's `ray.init`), never starts one; an address
+where nothing listens fails after `connect_timeout_s`. Authentication is
+Ray's own: the driver uses the token of its environment (`RAY_AUTH_MODE=token`
+with `RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`), and
+the nodes' actors inherit their raylet's.
 
 Example:
     >>> with RayExecutor(address="auto", slots_per_node=4) as ex:  # doctest: +SKIP
@@ -31,9 +39,11 @@ import io
 import logging
 import os
 import shutil
+import socket
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 
 from wmrl_jax.sandbox.fanout import FanOut, WorkerLost
@@ -42,6 +52,54 @@ from wmrl_jax.sandbox.pool import input_digest
 from wmrl_jax.sandbox.result import ExecutionResult, Executor, InfraError, check_input_dir
 
 log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def bootstrap_address(address: str | None) -> str | None:
+    """The "host:port" that `ray.init(address)` connects to (None: Ray finds none itself).
+
+    "auto" and None read `RAY_ADDRESS`, else the last cluster `ray start` wrote
+    down on this machine, as `ray.init` does; "ray://host:port" is the client port.
+    """
+    if address and address.startswith("ray://"):
+        return address.removeprefix("ray://")
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(address or "auto")
+    except Exception:  # no cluster found, or a Ray without it: `ray.init` says why
+        return None
+
+
+def wait_listening(address: str, timeout_s: float) -> None:
+    """Returns once something accepts TCP connections at "host:port".
+
+    Ray's own connect retries a refusing address for minutes (20 attempts of
+    about 40 s each); this check fails in `timeout_s` instead.
+
+    Raises:
+        InfraError: nothing accepted a connection within `timeout_s` seconds.
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        target = (host.strip("[]"), int(port))
+    except ValueError:  # not host:port: left to `ray.init`
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection(target, timeout=min(max(left, 0.1), 5.0)):
+                return
+        except OSError as e:
+            if time.monotonic() + 0.5 > deadline:
+                why = e.strerror or type(e).__name__
+                raise InfraError(
+                    f"no Ray cluster answers at {address}: {why} for {timeout_s:g} s"
+                    " (start one with `ray start --head`, or point RAY_ADDRESS at one)"
+                ) from None
+            time.sleep(0.5)
 
 
 def default_executor_factory() -> Executor:
@@ -64,6 +122,20 @@ def pack_dir(root: str | os.PathLike) -> bytes:
     return buf.getvalue()
 
 
+def _auth_refused(error: BaseException | None) -> bool:
+    """Whether a failed `ray.init` was the cluster refusing the driver's token.
+
+    Ray wraps its `AuthenticationError` in a ConnectionError whose cause holds
+    the original's traceback as text.
+    """
+    while error is not None:
+        text = f"{type(error).__name__}: {error}"
+        if "AuthenticationError" in text or "InvalidAuthToken" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class NodeSandbox:
     """The per-node actor: an executor and a cache of unpacked inputs by digest.
 
@@ -73,6 +145,7 @@ class NodeSandbox:
 
     def __init__(self, make_executor: Callable[[], Executor]):
         self.executor = make_executor()
+        self._closed = False
         self._root = tempfile.mkdtemp(prefix="wmrl-ray-inputs-")
         self._inputs: dict[str, str] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -80,13 +153,14 @@ class NodeSandbox:
         self._stats = {"runs": 0, "inputs_unpacked": 0}
 
     def describe(self) -> dict:
-        """The node id, the pid and the executor's environment."""
+        """The node id, the pid, the executor's environment and the input cache's dir."""
         import ray
 
         return {
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "environment": self.executor.environment,
+            "inputs_root": self._root,
         }
 
     def stats(self) -> dict:
@@ -120,8 +194,20 @@ class NodeSandbox:
         return self.executor.run(source, input_dir=input_dir, timeout_s=timeout_s, files=files)
 
     def close(self) -> None:
-        self.executor.close()
-        shutil.rmtree(self._root, ignore_errors=True)
+        """Closes the executor and removes the input cache (once; later calls do nothing)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.executor.close()
+        finally:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    def __ray_shutdown__(self) -> None:
+        # Ray calls this when the actor exits gracefully (its handles dropped,
+        # `__ray_terminate__`, the driver gone), after its running calls end.
+        self.close()
 
 
 class _NodeWorker:
@@ -141,7 +227,8 @@ class _NodeWorker:
             try:
                 out.set_result(f.result())
             except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                out.set_exception(WorkerLost(f"{type(e).__name__}: {str(e)[:300]}"))
+                why = " ".join(str(e).split())[:300]  # Ray's text spans lines
+                out.set_exception(WorkerLost(f"{type(e).__name__}: {why}"))
             except Exception as e:
                 out.set_exception(e)
 
@@ -184,11 +271,20 @@ class RayExecutor(FanOut):
         actor_options: extra `ray.remote` options of the node actors (e.g. a
             custom resource that marks sandbox nodes); default `num_cpus=0`,
             the programs' limits are the executor's business.
-        **fanout_kwargs: `max_retries`, `deadline_s`, `refresh_interval_s` (`FanOut`).
+        connect_timeout_s: how long to wait for the cluster's address to accept
+            a connection before giving up (only when this call connects).
+        rerun_lost: run a program again on another node when its node's actor
+            died while it ran (up to `max_retries`). Off by default: the program
+            may already have run there, in part or in whole (a container of a
+            dead actor runs on until its own timeout), so its result is an
+            "infra_error" naming the node instead.
+        **fanout_kwargs: `max_retries` (for "infra_error" results the nodes
+            return), `deadline_s`, `refresh_interval_s` (`FanOut`).
 
     Raises:
-        InfraError: Ray is not installed, no cluster answers, or no node could
-            start an executor.
+        InfraError: Ray is not installed, no cluster answers (within
+            `connect_timeout_s`, or it refuses this driver's authentication),
+            or no node could start an executor.
     """
 
     def __init__(
@@ -200,6 +296,8 @@ class RayExecutor(FanOut):
         max_nodes: int | None = None,
         node_resource: str | None = None,
         actor_options: dict | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        rerun_lost: bool = False,
         **fanout_kwargs,
     ):
         try:
@@ -208,18 +306,33 @@ class RayExecutor(FanOut):
             raise InfraError('RayExecutor needs Ray: pip install -e ".[ray]"') from e
         if slots_per_node < 1:
             raise ValueError(f"slots_per_node must be >= 1, got {slots_per_node}")
+        if not connect_timeout_s > 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         if not ray.is_initialized():
+            target = bootstrap_address(address)
+            if target is not None:
+                wait_listening(target, connect_timeout_s)
             try:
                 # "auto": RAY_ADDRESS or a cluster on this machine; never a new one.
                 ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
             except Exception as e:
-                raise InfraError(f"no Ray cluster answers at {address!r}: {e}") from e
+                where = target or address or "auto"
+                if _auth_refused(e):
+                    raise InfraError(
+                        f"the Ray cluster at {where} refused this driver's authentication:"
+                        " give the driver RAY_AUTH_MODE=token and the cluster's token"
+                        " (RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH naming its file)"
+                    ) from e
+                why = " ".join(str(e).split())[:300]
+                raise InfraError(f"no Ray cluster answers at {where}: {why}") from e
         self.slots_per_node = slots_per_node
         self.max_nodes = max_nodes
         self.node_resource = node_resource
         self._make_executor = make_executor
         self._actor_options = {
-            "max_concurrency": slots_per_node,
+            # A thread beyond the slots: `describe` (the liveness probe), `stats`
+            # and `close` answer while every slot runs a program.
+            "max_concurrency": slots_per_node + 1,
             "max_restarts": 0,
             "num_cpus": 0,
             **(actor_options or {}),
@@ -235,7 +348,10 @@ class RayExecutor(FanOut):
         if len(environments) > 1:
             raise InfraError(f"nodes run programs on different environments: {environments}")
         super().__init__(
-            [w for w, _ in workers], environment=f"ray:{environments.pop()}", **fanout_kwargs
+            [w for w, _ in workers],
+            environment=f"ray:{environments.pop()}",
+            rerun_lost=rerun_lost,
+            **fanout_kwargs,
         )
 
     def _start_actors(self, known: set[str]) -> list:

@@ -9,9 +9,17 @@ Every node is a `ray start --block` process of its own on 127.0.0.2 (Ray turns
 127.0.0.1 into the machine's outward address; other loopback addresses are
 kept), with usage statistics off. Nothing is left running after `close`: each
 node's whole process tree is killed.
+
+Authentication is set, not inherited: every node and the driver get token
+authentication with a token of this cluster's own (`RAY_AUTH_MODE=token`,
+`RAY_AUTH_TOKEN`), so neither a `~/.ray/auth_token` left by an earlier Ray run
+nor the installed Ray's default mode decides whether the driver can join (the
+head would switch to such a token while the driver, given an address, would
+not). The driver's settings are put back on `close`.
 """
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,8 +27,27 @@ import sys
 import tempfile
 import time
 
+from wmrl_jax.sandbox.ray_executor import wait_listening
+from wmrl_jax.sandbox.result import InfraError
+
 HOST = "127.0.0.2"
 START_TIMEOUT_S = 120
+#: The variables Ray reads its authentication from (`~/.ray/auth_token` after them).
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def reload_ray_auth() -> None:
+    """Makes this process's Ray read its authentication settings again.
+
+    Ray reads the mode and the token once per process and keeps them; a
+    driver that changed them in `os.environ` must ask it to look again.
+    """
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # a Ray without token authentication: nothing kept
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -42,12 +69,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    for pid in _descendants(proc.pid):
+def kill_tree(pid: int) -> None:
+    """SIGKILL to `pid` and every process below it (a node or an actor lost at once)."""
+    for p in _descendants(pid):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    kill_tree(proc.pid)
     proc.wait(30)
 
 
@@ -57,7 +89,8 @@ class LocalRayCluster:
     Args:
         workers: worker nodes besides the head.
         num_cpus: CPUs each node declares (programs' own limits are the executor's).
-        log_dir: where each node's output goes (default: a new temporary dir).
+        log_dir: where each node's output goes, created if missing (default: a new
+            temporary dir).
     """
 
     def __init__(self, workers: int = 1, *, num_cpus: int = 1, log_dir: str | None = None):
@@ -66,17 +99,25 @@ class LocalRayCluster:
         self._ray = ray
         self.num_cpus = num_cpus
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="wmrl-ray-")
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # the driver's side too
+        os.makedirs(self.log_dir, exist_ok=True)
         with socket.socket() as s:
             s.bind((HOST, 0))
             self.port = s.getsockname()[1]
         self.address = f"{HOST}:{self.port}"
-        self.head = self._start(
-            "head", "--head", f"--port={self.port}", "--include-dashboard=false"
-        )
+        auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        self.env = {k: v for k, v in os.environ.items() if k not in AUTH_VARS}
+        self.env.update(auth, RAY_USAGE_STATS_ENABLED="0")
+        # The driver's side too; its own settings come back on `close`.
+        self._driver_env = {k: os.environ.get(k) for k in AUTH_VARS}
+        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+        os.environ.update(auth, RAY_USAGE_STATS_ENABLED="0")
+        reload_ray_auth()
         self.workers: list[subprocess.Popen | None] = []
+        self.head = None
         try:
+            self.head = self._start(
+                "head", "--head", f"--port={self.port}", "--include-dashboard=false"
+            )
             self._connect()
             for _ in range(workers):
                 self.add_worker()
@@ -98,6 +139,17 @@ class LocalRayCluster:
 
     def _connect(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
+        # Ray's own connect waits minutes on a port nobody listens on yet.
+        while True:
+            if self.head.poll() is not None:
+                with open(os.path.join(self.log_dir, "head.log")) as f:
+                    raise RuntimeError(f"the head node did not start: {f.read()[-2000:]}")
+            try:
+                wait_listening(self.address, 1.0)
+                break
+            except InfraError:
+                if time.monotonic() > deadline:
+                    raise
         while True:
             try:
                 self._ray.init(
@@ -146,11 +198,17 @@ class LocalRayCluster:
         self.workers[index] = None
 
     def close(self) -> None:
-        """Disconnects the driver and kills every node's processes."""
+        """Disconnects the driver, kills every node's processes, restores the driver's auth."""
         self._ray.shutdown()
         for proc in [self.head, *self.workers]:
             if proc is not None:
                 _kill_tree(proc)
+        for key, value in self._driver_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        reload_ray_auth()
 
     def __enter__(self):
         return self
