@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -96,13 +97,23 @@ def test_interpreter_exit_removes_containers_of_running_programs(docker_availabl
         assert _state(ex.client, container_id) is None
 
 
-def test_close_during_a_running_program_removes_its_container(docker_available):
+def test_close_during_running_programs_removes_their_containers(docker_available):
     ex = DockerExecutor(docker_available, limits=TEST_LIMITS, timeout_s=60)
-    future = ex.submit(LONG)
-    _wait_for(lambda: ex._live and _state(ex.client, next(iter(ex._live))), "the container")
-    ex.close()  # does not wait for the program's timeout
-    result = future.result()
-    assert result.status == "infra_error" and "closed" in result.message, result
+    future = ex.submit(LONG)  # close() waits for submitted runs ...
+    plain = []  # ... not for runs of the caller's own threads
+    thread = threading.Thread(target=lambda: plain.append(ex.run(LONG)))
+    thread.start()
+
+    def both_running():
+        live = list(ex._live)
+        return len(live) == 2 and all(_state(ex.client, c)["State"] == "running" for c in live)
+
+    _wait_for(both_running, "both containers")
+    ex.close()  # does not wait for the programs' timeout
+    thread.join(WAIT_S)
+    for result in (future.result(), *plain):
+        assert result.status == "infra_error", result
+        assert result.message.startswith("the executor was closed during the run"), result
     assert not ex.client.api.containers(all=True, filters={"label": f"{LABEL}={ex.token}"})
     # The executor still runs programs after close.
     assert ex.run("print(1)").stdout == "1\n"

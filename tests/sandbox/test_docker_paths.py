@@ -49,3 +49,16 @@ def test_paths_holding_a_colon_are_mounted(docker_executor, tmp_path, monkeypatc
     result = docker_executor.run("print(open('input/train.csv').read(), end='')", input_dir=task)
     assert result.status == "ok", result
     assert result.stdout == "x\n1\n"
+
+
+def test_an_engine_refusal_is_not_blamed_on_a_missing_engine(docker_executor, monkeypatch):
+    import docker
+
+    def refuse(*args, **kwargs):
+        raise docker.errors.APIError("invalid mount config", explanation="invalid mount config")
+
+    monkeypatch.setattr(docker.models.containers.ContainerCollection, "create", refuse)
+    result = docker_executor.run("print(1)")
+    assert result.status == "infra_error", result
+    assert result.message.startswith("the Docker engine refused a request during the run")
+    assert "invalid mount config" in result.message and "start an engine" not in result.message

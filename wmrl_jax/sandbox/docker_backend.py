@@ -216,6 +216,7 @@ class DockerExecutor(BaseExecutor):
         self._live: set[str] = set()
         self._lock = threading.Lock()
         self._closing = False
+        self._evicted: set[str] = set()  # containers close() removed under a run
         _EXECUTORS.add(self)
         owners.reap(self.client)  # what killed trainers left on this engine
         self.gpu_refusal: str | None = None
@@ -335,7 +336,7 @@ class DockerExecutor(BaseExecutor):
         except InputError:  # the caller's input, refused before anything ran
             raise
         except Exception as e:  # the program's failures are results; these are the engine's
-            if self._closing:
+            if self._closing or (container is not None and container.id in self._evicted):
                 why = "the executor was closed during the run (its container was removed)"
             elif isinstance(e, docker.errors.APIError):  # the engine answered: its words say why
                 why = f"the Docker engine refused a request during the run ({e})"
@@ -346,6 +347,7 @@ class DockerExecutor(BaseExecutor):
         finally:  # also on KeyboardInterrupt
             if container is not None:
                 self._remove(container.id)
+                self._evicted.discard(container.id)
             shutil.rmtree(code_dir, ignore_errors=True)
 
     def _remove(self, container_id: str) -> None:
@@ -464,6 +466,8 @@ class DockerExecutor(BaseExecutor):
         except Exception as e:
             log.warning("could not list this executor's containers: %s", e)
         for container_id in leftovers:
+            with self._lock:
+                self._evicted.add(container_id)
             self._remove(container_id)
 
 
