@@ -138,10 +138,12 @@ def test_built_image_runs_the_trainer_and_ray(built_image):
         [
             "sh",
             "-c",
+            # absl's help exits 1 after printing it
             "ray --version && python3 -c 'import wmrl_jax, experiments.train'"
-            " && python3 -m experiments.train --helpshort >/dev/null && echo ok",
+            " && (python3 -m experiments.train --helpshort || true) && echo ok",
         ],
         network_mode="none",
         remove=True,
     ).decode()
     assert "ray, version" in out and out.rstrip().endswith("ok"), out
+    assert "python -m experiments.train --config=" in out  # the trainer's usage

@@ -15,6 +15,8 @@ pip installs the wheel and its dependencies (binary wheels for the root's
 Python, resolved) into it with `--target`, console scripts (`ray`) get
 wrappers in /usr/local/bin, and the tree is loaded with `docker import`.
 Needs root, `mmdebstrap` and an engine; Debian and PyPI must be reachable.
+With `--extras=ray` it took 13 minutes on 2 busy cores (an image of 1.6 GB);
+`cuda12` adds NVIDIA's CUDA wheels (several GB more).
 
 On a machine that reaches a registry, `launch/trainer.Dockerfile` builds the
 same contents with `docker build`. Either way the image reaches a cluster's
