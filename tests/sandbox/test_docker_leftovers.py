@@ -136,3 +136,16 @@ def test_owner_liveness_from_labels(host):
         margin = owners.FOREIGN_MARGIN_S
         assert owners.owner_is_gone(foreign, now=1000.0 + margin - 1) is False
         assert owners.owner_is_gone(foreign, now=1000.0 + margin + 1) is True
+
+
+def test_a_removal_under_way_elsewhere_counts_as_removed():
+    import docker
+
+    def error(status: int, text: str):
+        response = type("Response", (), {"status_code": status, "reason": "", "url": ""})()
+        return docker.errors.APIError(text, response=response, explanation=text)
+
+    assert owners.already_removed(error(404, "No such container"))
+    assert owners.already_removed(error(409, "removal of container x is already in progress"))
+    assert not owners.already_removed(error(409, "container is paused"))
+    assert not owners.already_removed(error(500, "driver failed"))

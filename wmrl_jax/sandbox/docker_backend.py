@@ -354,7 +354,7 @@ class DockerExecutor(BaseExecutor):
         try:
             self.client.api.remove_container(container_id, force=True)
         except Exception as e:
-            if getattr(e, "status_code", None) != 404:
+            if not owners.already_removed(e):
                 log.warning("could not remove container %s: %s", container_id[:12], e)
                 return  # kept in _live: close() tries again
         with self._lock:

@@ -97,6 +97,12 @@ def owner_is_gone(labels: dict[str, str], now: float | None = None) -> bool | No
     return (time.time() if now is None else now) > deadline + FOREIGN_MARGIN_S
 
 
+def already_removed(error: Exception) -> bool:
+    """Whether a failed removal means the container is gone or going (another thread's)."""
+    status = getattr(error, "status_code", None)
+    return status == 404 or (status == 409 and "already in progress" in str(error))
+
+
 def reap(client) -> list[str]:
     """Removes the sandbox containers whose owner is gone (see the module docstring);
     returns their ids. Engine failures are logged, never raised."""
@@ -116,7 +122,7 @@ def reap(client) -> list[str]:
             client.api.remove_container(entry["Id"], force=True)
             removed.append(entry["Id"])
         except Exception as e:
-            if getattr(e, "status_code", None) != 404:  # 404: its owner removed it meanwhile
+            if not already_removed(e):  # its owner may remove it meanwhile
                 log.warning("could not remove leftover container %s: %s", entry["Id"][:12], e)
     if removed:
         log.info("removed %d sandbox container(s) left by dead owners", len(removed))
