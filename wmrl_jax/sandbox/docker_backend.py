@@ -34,8 +34,6 @@ requests, and nothing else changes (see `gpus` for what is enforced); where
 the engine has no GPU runtime every run is an "infra_error" saying so.
 """
 
-import atexit
-import concurrent.futures.thread  # noqa: F401  (its exit hook, joining pools, goes before ours)
 import logging
 import math
 import os
@@ -44,7 +42,6 @@ import tempfile
 import threading
 import time
 import uuid
-import weakref
 
 from wmrl_jax.sandbox import container_io, owners
 from wmrl_jax.sandbox import gpus as gpus_lib
@@ -89,8 +86,6 @@ ENGINE_HINT = (
     "start an engine (launch/docker_engine.sh start), point DOCKER_HOST at one, "
     "or use LocalExecutor"
 )
-# Every executor with containers, for the exit hook.
-_EXECUTORS: "weakref.WeakSet[DockerExecutor]" = weakref.WeakSet()
 
 
 _ENV = {
@@ -217,7 +212,7 @@ class DockerExecutor(BaseExecutor):
         self._lock = threading.Lock()
         self._closing = False
         self._evicted: set[str] = set()  # containers close() removed under a run
-        _EXECUTORS.add(self)
+        owners.remove_at_exit(self)
         owners.reap(self.client)  # what killed trainers left on this engine
         self.gpu_refusal: str | None = None
         if self.gpus is not None and probe_gpus:
@@ -455,7 +450,8 @@ class DockerExecutor(BaseExecutor):
             self._closing = False
 
     def remove_containers(self) -> None:
-        """Removes (force) every container of this executor, running or not."""
+        """Removes (force) every container of this executor, running or not; runs
+        still in flight end as "infra_error" (`owners.remove_at_exit` calls it)."""
         with self._lock:
             leftovers = set(self._live)
         try:  # also those whose creation the engine finished but never confirmed
@@ -469,22 +465,3 @@ class DockerExecutor(BaseExecutor):
             with self._lock:
                 self._evicted.add(container_id)
             self._remove(container_id)
-
-
-def _remove_all() -> None:
-    """At interpreter exit: removes the containers of every executor, running or not."""
-    for executor in list(_EXECUTORS):
-        executor._closing = True  # the runs still in flight end as "closed"
-        try:
-            executor.remove_containers()
-        except Exception as e:  # the exit goes on
-            log.warning("could not remove the containers of an executor at exit: %s", e)
-
-
-# Before thread pools are joined at exit (which would wait for every running
-# program) where the interpreter allows it, else with the ordinary atexit hooks.
-_register = getattr(threading, "_register_atexit", None)
-try:
-    _register(_remove_all)
-except Exception:  # no such hook, or the interpreter is already exiting
-    atexit.register(_remove_all)

@@ -16,13 +16,20 @@ does not pile up:
   its containers are removed only once their own deadline is `FOREIGN_MARGIN_S`
   past, when every owner has finished with them;
 - containers without owner labels (made by an earlier version): kept, logged.
+
+`remove_at_exit` removes an executor's containers when the interpreter exits,
+before thread pools are joined (which would wait for every running program).
 """
 
+import atexit
+import concurrent.futures.thread  # noqa: F401  (its exit hook, joining pools, goes before ours)
 import functools
 import logging
 import os
 import socket
+import threading
 import time
+import weakref
 
 log = logging.getLogger(__name__)
 
@@ -135,3 +142,29 @@ def reap(client) -> list[str]:
             LABEL,
         )
     return removed
+
+
+# Executors whose containers go at interpreter exit.
+_AT_EXIT: weakref.WeakSet = weakref.WeakSet()
+
+
+def remove_at_exit(executor) -> None:
+    """Calls `executor.remove_containers()` when the interpreter exits (held weakly)."""
+    _AT_EXIT.add(executor)
+
+
+def _remove_all() -> None:
+    for executor in list(_AT_EXIT):
+        executor._closing = True  # the runs still in flight end as "closed"
+        try:
+            executor.remove_containers()
+        except Exception as e:  # the exit goes on
+            log.warning("could not remove the containers of an executor at exit: %s", e)
+
+
+# Before thread pools are joined where the interpreter allows it, else with the
+# ordinary atexit hooks (after them).
+try:
+    threading._register_atexit(_remove_all)
+except Exception:  # no such hook, or the interpreter is already exiting
+    atexit.register(_remove_all)
