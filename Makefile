@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run study controlled embodied test lint bench engine sandbox-image sandbox-image-cuda fixtures clean
+.PHONY: install run study controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -60,3 +60,13 @@ clean:
 
 sandbox-image-cuda: $(STAMP)
 	$(PY) -m wmrl_jax.sandbox.image --variant=cuda
+
+# The Kubernetes launch's image (wmrl-jax:latest), offline (Debian + PyPI), like the
+# sandbox image; `make trainer-image EXTRAS=ray` for CPU-only nodes.
+EXTRAS ?= ray,cuda12
+trainer-image: $(STAMP)
+	$(PY) -m wmrl_jax.sandbox.trainer_image --extras=$(EXTRAS)
+
+# The same image with `docker build`, where a registry is reachable.
+trainer-image-docker:
+	docker build -f launch/trainer.Dockerfile --build-arg EXTRAS=$(EXTRAS) -t wmrl-jax:latest .

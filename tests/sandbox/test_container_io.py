@@ -37,9 +37,20 @@ def test_only_regular_files_within_the_cap_come_back():
     assert dropped == ["link (link or special file)", "big (over the 60 byte output cap)"]
 
 
-def test_an_archive_far_over_the_cap_is_dropped_whole():
-    files, dropped = container_io.untar_outputs(_archive([("f", b"z" * (3 << 20))]), 1 << 20)
-    assert files == {} and dropped == [f"all (archive over {1 << 20} bytes)"]
+def test_a_file_far_over_the_cap_is_dropped_alone():
+    # Read as a stream: the big file is skipped, the submission after it is kept.
+    chunks = _archive([("big", b"z" * (3 << 20)), ("submission.csv", b"id,y\n1,0\n")])
+    files, dropped = container_io.untar_outputs(chunks, 1 << 20)
+    assert files == {"submission.csv": b"id,y\n1,0\n"}
+    assert dropped == [f"big (over the {1 << 20} byte output cap)"]
+
+
+def test_entries_past_the_entry_cap_are_left_out():
+    chunks = _archive([(f"f{i}", b"") for i in range(container_io.MAX_OUTPUT_ENTRIES + 5)])
+    files, dropped = container_io.untar_outputs(chunks, 1 << 20)
+    # The archive's first entry is the output dir itself.
+    assert len(files) == container_io.MAX_OUTPUT_ENTRIES - 1
+    assert dropped == [f"the rest (over {container_io.MAX_OUTPUT_ENTRIES} entries)"]
 
 
 def test_input_is_mounted_as_is_only_when_readable_and_free_of_links(tmp_path):

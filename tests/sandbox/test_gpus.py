@@ -9,6 +9,7 @@ is `launch/gpu_sandbox_check.sh` on a GPU machine).
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from wmrl_jax.sandbox import (
     gpu_check,
     make_executor,
 )
-from wmrl_jax.sandbox.docker_backend import LABEL
+from wmrl_jax.sandbox.docker_backend import KEEPER_GRACE_S, LABEL
 from wmrl_jax.sandbox.gpus import (
     GPU_LIMITS,
     GpuLeases,
@@ -257,7 +258,9 @@ def test_gpu_request_keeps_the_lockdown_and_fails_at_start(docker_available, cre
     finally:
         ex.close()
     (_, cpu_command, cpu_kwargs), (image, command, gpu_kwargs) = create_calls
-    assert image == docker_available and command == cpu_command == ["sleep", "infinity"]
+    # The main process sleeps a little longer than the run's timeout (30 s), then ends.
+    lifetime = ["sleep", str(math.ceil(30 + KEEPER_GRACE_S))]
+    assert image == docker_available and command == cpu_command == lifetime
     # Everything but the device request is the CPU container's lockdown.
     assert gpu_kwargs.pop("device_requests") == [
         docker.types.DeviceRequest(device_ids=["0", "1"], capabilities=[["gpu"]])
@@ -265,7 +268,7 @@ def test_gpu_request_keeps_the_lockdown_and_fails_at_start(docker_available, cre
     assert cpu_kwargs.pop("environment") == {"NVIDIA_VISIBLE_DEVICES": "void"}
     for kwargs in (cpu_kwargs, gpu_kwargs):
         kwargs.pop("labels")
-        kwargs.pop("volumes")  # per-run temporary dirs
+        kwargs.pop("mounts")  # per-run temporary dirs
     assert gpu_kwargs == cpu_kwargs
     assert gpu_kwargs["network_mode"] == "none" and gpu_kwargs["read_only"] is True
     assert gpu_kwargs["cap_drop"] == ["ALL"] and gpu_kwargs["pids_limit"] == TEST_LIMITS.pids

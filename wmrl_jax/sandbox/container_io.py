@@ -15,7 +15,7 @@ import tarfile
 import threading
 import time
 
-from wmrl_jax.sandbox.files import copy_input, input_files
+from wmrl_jax.sandbox.files import MAX_OUTPUT_ENTRIES, copy_input, input_files
 from wmrl_jax.sandbox.result import TailBuffer
 
 
@@ -96,17 +96,41 @@ def write_code(root: str, entries: dict[str, bytes]) -> None:
         os.chmod(path, 0o644)
 
 
+class _ChunkReader(io.RawIOBase):
+    """A readable file over an iterator of byte chunks (the exec's stream)."""
+
+    def __init__(self, chunks):
+        self._chunks, self._pending = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            self._pending = next(self._chunks, None)
+            if self._pending is None:
+                self._pending = b""
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
 def untar_outputs(chunks, max_bytes: int) -> tuple[dict[str, bytes], list[str]]:
-    """Regular files of the `output` archive (links never followed), capped at `max_bytes`."""
-    buf = io.BytesIO()
-    for chunk in chunks:
-        buf.write(chunk)
-        if buf.tell() > 2 * max_bytes + (1 << 20):
-            return {}, [f"all (archive over {max_bytes} bytes)"]
-    buf.seek(0)
+    """Regular files of the `output` archive (links never followed), capped at `max_bytes`.
+
+    The archive is read as a stream: a file that does not fit what is left of
+    `max_bytes` is skipped, never held, and named in the second list; the files
+    that fit are kept. At most `files.MAX_OUTPUT_ENTRIES` entries are read.
+    """
     files, dropped, budget = {}, [], max_bytes
-    with tarfile.open(fileobj=buf, mode="r") as tar:
-        for member in tar:
+    stream = io.BufferedReader(_ChunkReader(chunks), 1 << 16)
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for count, member in enumerate(tar):
+            if count >= MAX_OUTPUT_ENTRIES:
+                dropped.append(f"the rest (over {MAX_OUTPUT_ENTRIES} entries)")
+                break
             rel = member.name.partition("/")[2]
             if member.isdir() or not rel:
                 continue

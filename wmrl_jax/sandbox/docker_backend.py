@@ -9,6 +9,13 @@ through an exec so that its output files can be read from the tmpfs work dir
 after it exits. The host enforces the wall-clock timeout, and the container is
 always removed (force), also when the caller is interrupted.
 
+No container outlives its owner for long: `close()` and interpreter exit
+(atexit) remove every container the executor started, also while programs run;
+the main process sleeps only `KEEPER_GRACE_S` longer than the run's timeout, so
+a container ends itself when its owner is SIGKILLed; and each container is
+labelled with its owner process, so that an executor starting later removes
+those of dead owners and never those of a live one (see `owners`).
+
 The program and its extra files are mounted read-only at /sandbox and copied
 into /work; the input dir is mounted read-only at /work/input (a readable
 plain copy is mounted instead when the unprivileged user could not read it or
@@ -28,6 +35,7 @@ the engine has no GPU runtime every run is an "infra_error" saying so.
 """
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -35,7 +43,7 @@ import threading
 import time
 import uuid
 
-from wmrl_jax.sandbox import container_io
+from wmrl_jax.sandbox import container_io, owners
 from wmrl_jax.sandbox import gpus as gpus_lib
 from wmrl_jax.sandbox.files import InputError, input_files
 from wmrl_jax.sandbox.result import (
@@ -67,9 +75,13 @@ COMMAND = (
 # How long the output stream may outlive the program's wrapper before what the
 # program left is stopped with the container.
 STREAM_GRACE_S = 2.0
+# How much longer than the host-side timeout the container's main process
+# sleeps: output collection fits in it, and a container whose owner was
+# SIGKILLed stops by itself after it.
+KEEPER_GRACE_S = 30.0
 USER = 65534  # nobody in Debian: the program's user
 KEEPER_USER = 65533  # the container's main process (it only sleeps)
-LABEL = "wmrl-sandbox"
+LABEL = owners.LABEL
 ENGINE_HINT = (
     "start an engine (launch/docker_engine.sh start), point DOCKER_HOST at one, "
     "or use LocalExecutor"
@@ -198,24 +210,38 @@ class DockerExecutor(BaseExecutor):
         self.token = uuid.uuid4().hex
         self._live: set[str] = set()
         self._lock = threading.Lock()
+        self._closing = False
+        self._evicted: set[str] = set()  # containers close() removed under a run
+        owners.remove_at_exit(self)
+        owners.reap(self.client)  # what killed trainers left on this engine
         self.gpu_refusal: str | None = None
         if self.gpus is not None and probe_gpus:
             self.gpu_refusal = gpus_lib.gpu_refusal(
-                self.client, self.image, groups[0], labels={LABEL: self.token}
-            )
+                self.client, self.image, groups[0],
+                labels=owners.owner_labels(self.token, time.time() + api_timeout_s),
+            )  # fmt: skip
             if self.gpu_refusal:
                 log.warning("every run will be an infra_error: %s", self.gpu_refusal)
 
-    def _host_config(self, input_dir, code_dir: str, gpu=None) -> dict:
-        """`containers.create` keywords; `gpu` (a `gpus.GpuRequest`) adds its device request."""
+    def _host_config(self, input_dir, code_dir: str, gpu=None, timeout_s: float = 60.0) -> dict:
+        """`containers.create` keywords; `gpu` (a `gpus.GpuRequest`) adds its device request.
+
+        The main process lives `timeout_s + KEEPER_GRACE_S` seconds, then the container stops.
+        """
         import docker
 
         lim = self.limits
-        volumes = {code_dir: {"bind": CODE_DIR, "mode": "ro"}}
+        # Mount objects, not "src:dst:mode" strings: a path may hold ':'.
+        mounts = [docker.types.Mount(CODE_DIR, code_dir, type="bind", read_only=True)]
         if input_dir is not None:
-            volumes[input_dir] = {"bind": f"{WORK_DIR}/{INPUT_NAME}", "mode": "ro"}
+            mounts.append(
+                docker.types.Mount(
+                    f"{WORK_DIR}/{INPUT_NAME}", input_dir, type="bind", read_only=True
+                )
+            )
+        lifetime = math.ceil(timeout_s + KEEPER_GRACE_S)
         return dict(
-            command=["sleep", "infinity"],
+            command=["sleep", str(lifetime)],
             user=f"{KEEPER_USER}:{KEEPER_USER}",
             working_dir=WORK_DIR,
             network_mode="none",
@@ -232,7 +258,7 @@ class DockerExecutor(BaseExecutor):
             security_opt=["no-new-privileges"],
             init=True,
             ipc_mode="private",
-            volumes=volumes,
+            mounts=mounts,
             ulimits=[
                 docker.types.Ulimit(
                     name="fsize", soft=lim.file_size_bytes, hard=lim.file_size_bytes
@@ -241,7 +267,7 @@ class DockerExecutor(BaseExecutor):
                 docker.types.Ulimit(name="nofile", soft=1024, hard=1024),
             ],
             log_config=docker.types.LogConfig(type="none"),
-            labels={LABEL: self.token},
+            labels=owners.owner_labels(self.token, time.time() + lifetime),
             **(
                 dict(device_requests=[gpu.device_request()])
                 if gpu is not None
@@ -281,11 +307,17 @@ class DockerExecutor(BaseExecutor):
             code = os.path.join(code_dir, "code")
             os.mkdir(code)
             container_io.write_code(code, {PROGRAM_NAME: source.encode(), **extra})
-            config = self._host_config(container_io.readable_input(input_dir, staging), code, gpu)
+            config = self._host_config(
+                container_io.readable_input(input_dir, staging), code, gpu, timeout
+            )
             try:
+                if self._closing:
+                    return infra_error("the executor was closed before the run started")
                 container = self.client.containers.create(self.image, **config)
                 with self._lock:
                     self._live.add(container.id)
+                if self._closing:  # close() may have listed the live ones before this one
+                    return infra_error("the executor was closed before the run started")
                 container.start()
             except docker.errors.APIError as e:
                 if gpu is None or not gpus_lib.is_gpu_failure(e):
@@ -299,20 +331,25 @@ class DockerExecutor(BaseExecutor):
         except InputError:  # the caller's input, refused before anything ran
             raise
         except Exception as e:  # the program's failures are results; these are the engine's
-            return infra_error(
-                f"Docker engine failed during the run ({type(e).__name__}: {e}); {ENGINE_HINT}",
-                wall_seconds=time.monotonic() - start,
-            )
+            if self._closing or (container is not None and container.id in self._evicted):
+                why = "the executor was closed during the run (its container was removed)"
+            elif isinstance(e, docker.errors.APIError):  # the engine answered: its words say why
+                why = f"the Docker engine refused a request during the run ({e})"
+            else:
+                why = f"Docker engine failed during the run ({type(e).__name__}: {e})"
+                why += f"; {ENGINE_HINT}"
+            return infra_error(why, wall_seconds=time.monotonic() - start)
         finally:  # also on KeyboardInterrupt
             if container is not None:
                 self._remove(container.id)
+                self._evicted.discard(container.id)
             shutil.rmtree(code_dir, ignore_errors=True)
 
     def _remove(self, container_id: str) -> None:
         try:
             self.client.api.remove_container(container_id, force=True)
         except Exception as e:
-            if getattr(e, "status_code", None) != 404:
+            if not owners.already_removed(e):
                 log.warning("could not remove container %s: %s", container_id[:12], e)
                 return  # kept in _live: close() tries again
         with self._lock:
@@ -386,7 +423,8 @@ class DockerExecutor(BaseExecutor):
         api = self.client.api
         tar_id = api.exec_create(
             container.id,
-            ["tar", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
+            # --sparse: a file's holes are not sent (a sparse 200 MiB file costs nothing)
+            ["tar", "--sparse", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
             user=f"{USER}:{USER}",
             stderr=False,
         )["Id"]
@@ -400,15 +438,30 @@ class DockerExecutor(BaseExecutor):
         return bool(container.attrs.get("State", {}).get("OOMKilled"))
 
     def close(self) -> None:
-        """Waits for submitted runs and removes any container left behind."""
-        super().close()
-        leftovers = set(self._live)
+        """Stops and removes every container this executor started, also those of
+        programs still running (their runs end as "infra_error"), then waits for the
+        submitted runs. The executor can run programs again afterwards."""
+        self._closing = True
+        try:
+            self.remove_containers()
+            super().close()
+            self.remove_containers()  # a run that created its container meanwhile
+        finally:
+            self._closing = False
+
+    def remove_containers(self) -> None:
+        """Removes (force) every container of this executor, running or not; runs
+        still in flight end as "infra_error" (`owners.remove_at_exit` calls it)."""
+        with self._lock:
+            leftovers = set(self._live)
         try:  # also those whose creation the engine finished but never confirmed
-            labelled = self.client.containers.list(
+            labelled = self.client.api.containers(
                 all=True, filters={"label": f"{LABEL}={self.token}"}
             )
-            leftovers.update(c.id for c in labelled)
+            leftovers.update(c["Id"] for c in labelled)
         except Exception as e:
             log.warning("could not list this executor's containers: %s", e)
         for container_id in leftovers:
+            with self._lock:
+                self._evicted.add(container_id)
             self._remove(container_id)

@@ -1,0 +1,64 @@
+"""Docker runs with awkward outputs and paths: a huge sparse file, ':' in a path."""
+
+import dataclasses
+import os
+import tempfile
+
+from tests.sandbox.conftest import TEST_LIMITS
+from wmrl_jax.sandbox import DockerExecutor, Limits, container_io
+
+# The default file size cap (256 MiB) lets the program make the 200 MiB file.
+LIMITS = dataclasses.replace(TEST_LIMITS, file_size_bytes=Limits().file_size_bytes)
+
+
+def test_sparse_file_over_the_cap_is_dropped_alone(docker_available):
+    # 200 MiB of holes costs no memory nor disk; only that file is left out.
+    with DockerExecutor(docker_available, limits=LIMITS, timeout_s=60) as ex:
+        result = ex.run(
+            "import os\n"
+            "open('output/submission.csv', 'w').write('id,y\\n1,0\\n')\n"
+            "open('output/notes.txt', 'w').write('kept')\n"
+            "with open('output/big.bin', 'wb') as f:\n"
+            "    os.truncate(f.fileno(), 200 << 20)\n"
+            "with open('output/holes.bin', 'wb') as f:\n"  # sparse, within the cap: comes back
+            "    f.seek(1 << 20)\n"
+            "    f.write(b'end')\n"
+        )
+    assert result.status == "ok", result
+    assert result.files["submission.csv"] == b"id,y\n1,0\n"
+    assert result.files["notes.txt"] == b"kept"
+    assert result.files["holes.bin"] == b"\0" * (1 << 20) + b"end"
+    assert "big.bin" not in result.files
+    assert result.message == (
+        f"output files left out: big.bin (over the {LIMITS.output_bytes} byte output cap)"
+    )
+
+
+def test_paths_holding_a_colon_are_mounted(docker_executor, tmp_path, monkeypatch):
+    # The input dir is mounted as it is (world-readable, no links), and the
+    # program's own dir lives under a temporary dir whose path holds ':' too.
+    task = tmp_path / "task:v2" / "public"
+    task.mkdir(parents=True)
+    (task / "train.csv").write_text("x\n1\n")
+    for path, mode in ((task.parent, 0o755), (task, 0o755), (task / "train.csv", 0o644)):
+        os.chmod(path, mode)
+    assert container_io.readable_input(task, str(tmp_path)) == os.path.realpath(task)
+    scratch = tmp_path / "tmp:dir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    result = docker_executor.run("print(open('input/train.csv').read(), end='')", input_dir=task)
+    assert result.status == "ok", result
+    assert result.stdout == "x\n1\n"
+
+
+def test_an_engine_refusal_is_not_blamed_on_a_missing_engine(docker_executor, monkeypatch):
+    import docker
+
+    def refuse(*args, **kwargs):
+        raise docker.errors.APIError("invalid mount config", explanation="invalid mount config")
+
+    monkeypatch.setattr(docker.models.containers.ContainerCollection, "create", refuse)
+    result = docker_executor.run("print(1)")
+    assert result.status == "infra_error", result
+    assert result.message.startswith("the Docker engine refused a request during the run")
+    assert "invalid mount config" in result.message and "start an engine" not in result.message
