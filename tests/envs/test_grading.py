@@ -14,6 +14,11 @@ from wmrl_jax.envs import grading, metrics
 from wmrl_jax.envs import task as task_lib
 
 
+@pytest.fixture(autouse=True)
+def _allow_this_module_as_grader(monkeypatch):
+    monkeypatch.setenv(task_lib.GRADER_MODULES_ENV, "tests.envs.test_grading")
+
+
 def grader_that_fails(y_true, y_pred):
     raise RuntimeError("boom")
 
@@ -315,3 +320,58 @@ def test_broken_task_side_is_one_clear_error(make_task, tmp_path, breakage, mess
     with pytest.raises(grading.TaskError, match=message) as info:
         grading.grade(task, good)
     assert "\n" not in str(info.value)
+
+
+def _classification_task(make_task, metric, columns, y):
+    direction = metrics.METRICS[metric].direction
+    manifest = base_manifest(metric={"name": metric, "direction": direction})
+    manifest["submission"]["target_columns"] = columns
+    return task_lib.load_task(make_task(manifest=manifest, answers=list(enumerate(y))))
+
+
+@pytest.mark.parametrize(
+    "metric, columns, y, message",
+    [
+        ("accuracy", ["target"], [0, 1, "nan", 1], "'target' holds nan for id '2'"),
+        ("rmse", ["target"], [1.5, "inf", 2.0], "holds inf for id '1'"),
+        ("r2", ["target"], ["-inf", 1.0], "holds -inf for id '0'"),
+        ("auc", ["target"], [1, 1, 1, 1], "auc needs both classes .* 1 distinct"),
+        ("auc", ["p_0", "p_1"], [0, 0, 0], r"auc needs every class .* \[1\] never occur"),
+        ("auc", ["p_0", "p_1", "p_2"], [0, 2, 0, 2], r"\[1\] never occur"),
+        ("auc", ["p_0", "p_1"], [0, 1, 2], r"class indices 0..1"),
+        ("log_loss", ["p_0", "p_1", "p_2"], [0, 1, 3], r"class indices 0..2 .* \[0.0, 1.0, 3.0\]"),
+        ("log_loss", ["p_0", "p_1"], [0, 0.5, 1], "class indices 0..1"),
+        ("log_loss", ["p_0", "p_1"], [-1, 0, 1], "class indices 0..1"),
+    ],
+)
+def test_check_task_refuses_answers_the_metric_cannot_score(
+    make_task, tmp_path, metric, columns, y, message
+):
+    task = _classification_task(make_task, metric, columns, y)
+    with pytest.raises(grading.TaskError, match=message) as info:
+        grading.check_task(task)
+    assert "answers.csv" in str(info.value) and "\n" not in str(info.value)
+    # Grading refuses the task too: the program is not blamed (no "invalid" result).
+    rows = [(i, *([0.5] * len(columns))) for i in range(len(y))]
+    with pytest.raises(grading.TaskError, match=message):
+        grading.grade(task, _submit(tmp_path, ["id", *columns], rows))
+
+
+def test_a_nan_answer_made_a_perfect_submission_score_below_one(make_task, tmp_path):
+    # The cause of the 0.909: an accuracy task whose answers hold one NaN among 11.
+    # NaN equals nothing, so a submission right on every other row scored 10/11,
+    # and copying the answers (NaN included) was blamed as an invalid submission.
+    y = [k % 2 for k in range(11)]
+    task = _classification_task(make_task, "accuracy", ["target"], [*y[:10], "nan"])
+    with pytest.raises(grading.TaskError, match="holds nan for id '10'"):
+        grading.check_task(task)
+    # With the row's true label restored, the same submission scores 1.
+    write_csv(os.path.join(task._root, "private", "answers.csv"), ["id", "target"], enumerate(y))
+    grading.check_task(task)
+    result = grading.grade(task, _submit(tmp_path, ["id", "target"], list(enumerate(y))))
+    assert result.valid and result.score == 1.0
+
+
+def test_answers_every_metric_can_score_pass(make_task):
+    task = _classification_task(make_task, "auc", ["p_0", "p_1", "p_2"], [0, 1, 2, 1])
+    grading.check_task(task)

@@ -227,3 +227,48 @@ def test_replay_rejects_a_task_outside_the_table(replay, make_task):
     task = load_task(make_task())
     with pytest.raises(tabular.TableError, match="'toy' is not in the recipe table"):
         replay.submit(task, "print(1)")
+
+
+def test_fingerprint_covers_the_grader_side(make_task):
+    # Before: an executing source's fingerprint was None whatever the tasks held, so a
+    # run resumed after its answers were edited, on outcomes graded before the edit.
+    from wmrl_jax.train import resume
+    from wmrl_jax.train.config import base_config
+
+    root = make_task()
+    fingerprint = lambda: SandboxOutcomes(None, tasks=[load_task(root)]).fingerprint
+    before = fingerprint()
+    assert before is not None and before == fingerprint()
+    assert SandboxOutcomes(None).fingerprint is None  # no tasks: nothing to compare
+    private = os.path.join(root, "private")
+    edits = {
+        "answers": (os.path.join(private, "answers.csv"), "id,target\n0,1\n1,2\n2,100\n"),
+        "board": (os.path.join(private, "leaderboards", "private.csv"), "entry,score\ne0,9\n"),
+    }
+    for name, (path, text) in edits.items():
+        with open(path, "rb") as f:
+            original = f.read()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        assert fingerprint() != before, name
+        with open(path, "wb") as f:
+            f.write(original)
+        assert fingerprint() == before, name
+    manifest = os.path.join(root, "manifest.json")
+    with open(manifest, encoding="utf-8") as f:
+        original = f.read()
+    with open(manifest, "w", encoding="utf-8") as f:  # the grading config: another rule
+        f.write(original.replace('"mid_rank"', '"beat_ratio"'))
+    assert fingerprint() != before
+    with open(manifest, "w", encoding="utf-8") as f:
+        f.write(original)
+    with open(os.path.join(root, "description.md"), "w", encoding="utf-8") as f:
+        f.write("# another description\n")  # not grader side
+    assert fingerprint() == before
+    # The trainer's resume guard refuses a run whose answers changed since its checkpoints.
+    with open(edits["answers"][0], "w", encoding="utf-8") as f:
+        f.write(edits["answers"][1])
+    config = base_config()
+    meta = {"config": config.to_json_best_effort(), "outcomes_fingerprint": before}
+    with pytest.raises(ValueError, match="another run .*outcome source .*task answers, boards"):
+        resume.check_resumable(meta, config, fingerprint=fingerprint(), directory="ckpt")

@@ -221,9 +221,11 @@ def test_replicate_seeds_the_validation_split_and_the_model(tmp_path, suite_dir)
     assert len({subs[0][0], subs[1][0], subs[2][0]}) == 3
 
 
-def test_grader_metric_is_refused(make_task):
+def test_grader_metric_is_refused(make_task, monkeypatch):
     from tests.envs.conftest import base_manifest
+    from wmrl_jax.envs.task import GRADER_MODULES_ENV
 
+    monkeypatch.setenv(GRADER_MODULES_ENV, "pkg")
     manifest = base_manifest(metric={"grader": "pkg.mod:fn", "direction": "higher"})
     task = load_task(make_task(manifest=manifest))
     with pytest.raises(ValueError, match="toy.*named metric"):

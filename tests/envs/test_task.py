@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.envs.conftest import base_manifest
+from tests.envs.conftest import base_manifest, write_csv
 from wmrl_jax.envs import task as task_lib
 
 
@@ -79,10 +79,90 @@ def test_submission_file_must_stay_inside_output(make_task):
         task_lib.load_task(make_task(manifest=manifest))
 
 
-def test_grader_entry_point_is_accepted(make_task):
+@pytest.mark.parametrize(
+    "file", ["", ".", "/tmp/submission.csv", "../submission.csv", "out/", "a//b.csv",
+             "./submission.csv", "out/../submission.csv", "sub\\mission.csv"],
+)  # fmt: skip
+def test_unusable_submission_file_is_refused(make_task, file):
+    manifest = base_manifest()
+    manifest["submission"]["file"] = file
+    with pytest.raises(task_lib.ManifestError, match="'submission.file' is .*relative to"):
+        task_lib.load_task(make_task(manifest=manifest))
+
+
+def test_submission_file_may_be_nested(make_task):
+    manifest = base_manifest()
+    manifest["submission"]["file"] = "out/submission.csv"
+    assert task_lib.load_task(make_task(manifest=manifest)).submission.file == "out/submission.csv"
+
+
+def test_grader_entry_point_is_accepted_from_an_allowed_module(make_task, monkeypatch):
     manifest = base_manifest(metric={"grader": "pkg.mod:score", "direction": "higher"})
-    task = task_lib.load_task(make_task(manifest=manifest))
+    monkeypatch.setenv(task_lib.GRADER_MODULES_ENV, "other, pkg")
+    root = make_task(manifest=manifest)
+    task = task_lib.load_task(root)
     assert task.metric.grader == "pkg.mod:score" and task.metric.name is None
+    manifest = base_manifest(metric={"grader": "wmrl_jax.envs.metrics:mae", "direction": "lower"})
+    assert task_lib.parse_manifest(manifest, root).metric.grader.endswith(":mae")
+
+
+@pytest.mark.parametrize(
+    "grader, match",
+    [
+        ("os:system", "not an allowed grader module"),
+        ("subprocess:run", "not an allowed grader module"),
+        ("pkgx.mod:score", "not an allowed grader module"),  # a prefix is not the package
+        ("pkg.mod:_private", "not 'module:function'"),
+        ("pkg.mod:a:b", "not 'module:function'"),
+        ("pkg/mod:score", "not 'module:function'"),
+        (":score", "not 'module:function'"),
+        (7, "not 'module:function'"),
+    ],
+)
+def test_grader_outside_the_allowlist_is_refused(make_task, monkeypatch, grader, match):
+    monkeypatch.setenv(task_lib.GRADER_MODULES_ENV, "pkg")
+    manifest = base_manifest(metric={"grader": grader, "direction": "higher"})
+    with pytest.raises(task_lib.ManifestError, match=f"'metric.grader' is .*{match}"):
+        task_lib.load_task(make_task(manifest=manifest))
+
+
+def _task_dir(root, task_id, y):
+    """A task directory at `root` with id `task_id` and answers `y` (ids 0..)."""
+    (root / "public").mkdir(parents=True)
+    (root / "private" / "leaderboards").mkdir(parents=True)
+    split = "held-out" if "held" in task_id else "train"
+    (root / "manifest.json").write_text(json.dumps(base_manifest(id=task_id, split=split)))
+    (root / "description.md").write_text(f"# {task_id}\n")
+    write_csv(root / "private" / "answers.csv", ["id", "target"], list(enumerate(y)))
+    write_csv(root / "private" / "leaderboards" / "private.csv", ["score"], [[1.0], [2.0]])
+    return root
+
+
+def test_duplicate_task_ids_are_refused(tmp_path):
+    a = _task_dir(tmp_path / "a", "toy", [1.0, 2.0])
+    b = _task_dir(tmp_path / "b", "toy", [100.0, 200.0])
+    c = _task_dir(tmp_path / "c", "other", [1.0])
+    with pytest.raises(task_lib.ManifestError) as e:
+        task_lib.load_tasks([a, c, b])
+    message = str(e.value)
+    assert "duplicate task id 'toy'" in message and "\n" not in message
+    assert str(a) in message and str(b) in message
+    assert [t.id for t in task_lib.load_tasks([a, c])] == ["toy", "other"]
+
+
+def test_trainer_task_set_refuses_duplicate_ids(tmp_path):
+    # Before: both loaded, and the execution cache (keyed on the id) answered one
+    # task with the other's outcomes.
+    from wmrl_jax.train import builder
+    from wmrl_jax.train.config import base_config, override
+
+    root = tmp_path / "tasks"
+    _task_dir(root / "first", "toy", [1.0, 2.0])
+    _task_dir(root / "second", "toy", [100.0, 200.0])
+    _task_dir(root / "third", "toy_held", [1.0])
+    config = override(base_config(), **{"tasks.source": "dir", "tasks.path": str(root)})
+    with pytest.raises(task_lib.ManifestError, match="duplicate task id 'toy'.*first.*second"):
+        builder.load_tasks(config)
 
 
 def test_missing_or_broken_files(tmp_path, make_task):

@@ -11,10 +11,12 @@ private answers, then tuned ensembles built from the candidates' out-of-fold
 predictions on the training data only (`boards`, `ensembles`). Every file is
 byte-identical across builds of one seed except `private/fit_predict_seconds.csv`
 (wall-clock fit-and-predict seconds per entry). `build` prints `check_board`
-for every task and exits non-zero when fewer than `board_checks.SHARE_MIN` of
-the boards pass all three checks. `noise` refits the boards in memory and
-reports each board's bootstrap share (`board_checks.check_noise`); with
-`--readme` it rewrites the README's `board-checks` section.
+for every task and the share of boards passing all three checks (diagnostics:
+on small test sets they measure which rows the split drew), and exits 1 only
+on a structural failure (`board_structure.structural_problems`). `noise`
+refits the boards in memory and reports each board's bootstrap share
+(`board_checks.check_noise`); with `--readme` it rewrites the README's
+`board-checks` section.
 
 Example:
     >>> root = cached_suite(seed=0)                             # doctest: +SKIP
@@ -39,6 +41,7 @@ import sklearn
 from wmrl_jax import cache, readme
 from wmrl_jax.envs import (
     board_checks,
+    board_structure,
     boards,
     ensembles,
     families,
@@ -146,7 +149,7 @@ def _noise(args, only, argv_text: str) -> int:
         passed = sum(c.passed for c in checks)
         print(
             f"seed {seed}: {passed}/{len(checks)} boards pass all three checks on their test rows"
-            f" (share {passed / len(checks):.2f}, need {board_checks.SHARE_MIN:.2f}); mean "
+            f" (share {passed / len(checks):.2f}); mean "
             f"bootstrap share {np.mean([c.p_all for c in checks]):.2f} over {args.resamples} "
             f"draws; {time.perf_counter() - start:.1f} s",
             flush=True,
@@ -195,17 +198,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _noise(args, only, " ".join(words))
     start = time.perf_counter()
     paths = build(args.out, seed=args.seed, workers=args.workers, only=only, suite_name=args.suite)
-    checks = [board_checks.check_board(path) for path in paths]
+    return _report(paths, start)
+
+
+def _report(paths: Sequence[str], start: float) -> int:
+    """Prints every board's checks and structural failures; 1 when any board is broken."""
+    broken = {path: board_structure.structural_problems(path) for path in paths}
+    checks = [board_checks.check_board(path) for path in paths if not broken[path]]
     for check in checks:
         print(check.line())
-    share = board_checks.passing_share(checks)
-    ok = share >= board_checks.SHARE_MIN
+    for path, problems in broken.items():
+        for problem in problems:
+            print(f"BROKEN {os.path.basename(path)}: {problem}")
+    n_broken = sum(bool(p) for p in broken.values())
+    share = board_checks.passing_share(checks) if checks else 0.0
     print(
-        f"{len(checks)} tasks in {time.perf_counter() - start:.1f} s; "
-        f"{sum(c.passed for c in checks)} boards pass all three checks (share {share:.2f}, "
-        f"need {board_checks.SHARE_MIN:.2f}): {'ok' if ok else 'FAIL'}"
+        f"{len(paths)} tasks in {time.perf_counter() - start:.1f} s; "
+        f"{sum(c.passed for c in checks)} of {len(checks)} sound boards pass all three checks "
+        f"(share {share:.2f}; diagnostics, not a gate); {n_broken} structurally broken: "
+        f"{'FAIL' if n_broken else 'ok'}"
     )
-    return 0 if ok else 1
+    return 1 if n_broken else 0
 
 
 if __name__ == "__main__":

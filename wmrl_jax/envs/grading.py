@@ -3,8 +3,10 @@
 Only this module reads a task's `private/` directory. A submission's failures
 are results, never exceptions: `grade` returns an invalid `GradeResult` with
 an error kind. A broken task side (no answers file, an empty board, a board
-without a `score` column) is not the program's fault: it raises `TaskError`
-with one line naming the file (`check_task` finds it before any grading).
+without a `score` column, an answer that is NaN or infinite, answers a named
+metric cannot score, such as one class for `auc`) is not the program's fault:
+it raises `TaskError` with one line naming the file (`check_task` finds it
+before any grading).
 
 Memory: a submission larger than its cap is rejected unread, and one under it
 is parsed row by row into an array of shape [N, K] (N test ids, K target
@@ -30,7 +32,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import importlib
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -39,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from wmrl_jax.envs import metrics
-from wmrl_jax.envs.task import Task
+from wmrl_jax.envs.task import Task, check_grader
 
 ERROR_KINDS = ("missing", "unparseable", "invalid_format", "metric_error")
 MiB = 1 << 20
@@ -184,13 +188,77 @@ def _load_answers(task: Task) -> _Answers:
         raise TaskError(f"answers {path!r} hold a non-numeric answer: {e}") from e
     if not truth:
         raise TaskError(f"answers {path!r} have no rows")
-    return _Answers(index, np.asarray(truth, dtype=np.float64), size)
+    y = np.asarray(truth, dtype=np.float64)
+    if not np.all(np.isfinite(y)):
+        bad = next(i for i, v in index.items() if not math.isfinite(y[v]))
+        raise TaskError(
+            f"answers {path!r}: column {spec.answer_column!r} holds {y[index[bad]]} for id "
+            f"{bad!r}; every answer must be a finite number"
+        )
+    _check_truth(task, y, path)
+    return _Answers(index, y, size)
+
+
+def _check_truth(task: Task, y: np.ndarray, path: str) -> None:
+    """Raises `TaskError` when the named metric cannot score answers `y` of shape [N]
+    (every submission would then be blamed, or scored against nothing)."""
+    name, k = task.metric.name, len(task.submission.target_columns)
+    labels = np.unique(y)
+    if name == "auc" and k == 1:  # one score column: any two label values
+        if labels.size != 2:
+            raise TaskError(
+                f"answers {path!r}: auc needs both classes among the answers, found "
+                f"{labels.size} distinct value(s)"
+            )
+    elif name in ("log_loss", "auc"):  # one probability column per class
+        if np.any(labels != np.round(labels)) or labels[0] < 0 or labels[-1] >= k:
+            raise TaskError(
+                f"answers {path!r}: {name} needs class indices 0..{k - 1} (one per target "
+                f"column), found {labels[:5].tolist()}"
+            )
+        missing = sorted(set(range(k)) - set(labels.astype(int).tolist()))
+        if name == "auc" and missing:
+            raise TaskError(
+                f"answers {path!r}: auc needs every class among the answers; class(es) "
+                f"{missing} never occur"
+            )
 
 
 def check_task(task: Task) -> None:
-    """Reads the task's answers and boards once; raises `TaskError` naming what is broken."""
+    """Reads the task's answers and boards once; raises `TaskError` naming what is broken:
+    a missing or malformed file, an answer that is not a finite number, answers the
+    named metric cannot score (`auc` on one class, `log_loss` labels outside the
+    target columns)."""
     _load_answers(task)
     load_leaderboards(task)
+
+
+def grader_digest(task: Task) -> str:
+    """sha256 over everything grading reads besides the submission: the answers file,
+    every board file and the manifest's grading fields (metric, submission spec,
+    percentile rule, board names). Any edit of them changes it.
+
+    Raises:
+        TaskError: a file cannot be read.
+    """
+    h = hashlib.sha256()
+    config = {
+        "metric": dataclasses.asdict(task.metric),
+        "submission": dataclasses.asdict(task.submission),
+        "percentile_rule": task.percentile_rule,
+        "leaderboards": list(task.leaderboards),
+    }
+    h.update(json.dumps(config, sort_keys=True).encode() + b"\0")
+    rels = ["answers.csv", *(os.path.join("leaderboards", f"{b}.csv") for b in task.leaderboards)]
+    for rel in rels:
+        path = os.path.join(_private_dir(task), rel)
+        try:
+            with open(path, "rb") as f:
+                content = hashlib.sha256(f.read()).digest()
+        except OSError as e:
+            raise TaskError(f"cannot read {path!r}: {e}") from e
+        h.update(rel.encode() + b"\0" + content)
+    return h.hexdigest()
 
 
 def submission_cap(task: Task, answers_rows: int, answers_bytes: int) -> int:
@@ -205,7 +273,7 @@ def submission_cap(task: Task, answers_rows: int, answers_bytes: int) -> int:
 def _metric_fn(task: Task):
     if task.metric.name is not None:
         return metrics.METRICS[task.metric.name].fn
-    module, _, name = task.metric.grader.partition(":")
+    module, _, name = check_grader(task.metric.grader).partition(":")
     return getattr(importlib.import_module(module), name)
 
 

@@ -347,7 +347,8 @@ def make_task(
         out_dir: where the view (manifest + links) is written; may already exist.
         split: "train" / "held-out", or a mapping from `load_split`.
         metric: {"name": <metrics.METRICS key> | "grader": "module:function",
-            "direction": "higher" | "lower"}; required, never guessed.
+            "direction": "higher" | "lower"}; required, never guessed. A grader's
+            module must be allowed (`task.grader_modules`).
         target_columns: submission prediction columns (default: the answers'
             non-id columns).
         answer_column: the truth column (default: the single non-id column).

@@ -28,10 +28,11 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -126,6 +127,16 @@ def check_replicate(replicate: int) -> int:
     return int(replicate)
 
 
+def tasks_fingerprint(tasks: Sequence[Task]) -> str:
+    """A digest (16 hex digits of a sha256) over the tasks' ids and their
+    `grading.grader_digest`s, in any order: it changes when any task's answers,
+    boards or grading fields change."""
+    h = hashlib.sha256()
+    for task_id, digest in sorted((t.id, grading.grader_digest(t)) for t in tasks):
+        h.update(f"{task_id}\0{digest}\0".encode())
+    return f"task answers, boards and grading fields {h.hexdigest()[:16]}"
+
+
 def _resolved(outcome: Outcome) -> concurrent.futures.Future:
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(outcome)
@@ -143,13 +154,15 @@ class SandboxOutcomes:
         close_executor: whether `close()` closes the executor too.
         num_replicates: the seeds a program may run under (`submit`'s
             `replicate` in [0, num_replicates)).
+        tasks: the tasks the run grades on; their grader side decides outcomes
+            and enters `fingerprint`.
 
     Attributes:
-        fingerprint: None: executions decide their answers, no table does (the
-            trainer's resume guard compares it; see `ReplayExecutor.fingerprint`).
+        fingerprint: `tasks_fingerprint(tasks)`, a digest of the tasks' grader
+            side (the trainer's resume guard compares it, so that a run whose
+            answers, boards or grading config were edited is not resumed on
+            outcomes graded before the edit); None without tasks.
     """
-
-    fingerprint = None
 
     def __init__(
         self,
@@ -159,7 +172,9 @@ class SandboxOutcomes:
         timeout_s: float | None = None,
         close_executor: bool = True,
         num_replicates: int = 1,
+        tasks: Sequence[Task] = (),
     ):
+        self.fingerprint = tasks_fingerprint(tasks) if tasks else None
         self.num_replicates = check_replicate(num_replicates)
         if self.num_replicates < 1:
             raise ValueError(f"num_replicates must be >= 1, got {num_replicates}")

@@ -49,7 +49,7 @@ from wmrl_jax.envs.tabular import (
     programs_digest,
     recipe_digests,
 )
-from wmrl_jax.envs.task import Task, load_task
+from wmrl_jax.envs.task import Task, load_task, load_tasks
 
 _IMPORTS = (
     "numpy", "sklearn.dummy", "sklearn.ensemble", "sklearn.linear_model", "sklearn.naive_bayes",
@@ -165,7 +165,7 @@ def _suite_tasks(suite_dir: str, only: Sequence[str] | None) -> list[Task]:
         if missing:
             raise ValueError(f"tasks {sorted(missing)} are not in the suite {suite_dir}")
         names = [n for n in names if n in set(only)]
-    return [load_task(os.path.join(suite_dir, n)) for n in names]
+    return load_tasks([os.path.join(suite_dir, n) for n in names])
 
 
 def _cost_guess(task: Task, index: int) -> float:

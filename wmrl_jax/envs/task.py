@@ -16,12 +16,21 @@ Layout::
       "id": "iris", "source": "builtin", "split": "train",   # or held-out / pretrain
       "metric": {"name": "log_loss", "direction": "lower"},  # or {"grader": "pkg.mod:fn",
                                                               #     "direction": ...}
+                                                              # (an allowed grader, below)
       "submission": {"file": "submission.csv", "id_column": "id",
                      "target_columns": ["p_0", "p_1", "p_2"], "answer_column": "target"},
       "limits": {"wall_seconds": 600, "memory_mb": 4096, "cpus": 1},
       "percentile_rule": "mid_rank",                          # mle_dojo / beat_ratio
       "leaderboards": ["private"]
     }
+
+`submission.file` is a relative path inside the program's output directory
+(`name.csv` or `sub/name.csv`): not empty, absolute, a directory (`.`, `out/`),
+nor through `..`. A `metric.grader` is code the grader imports and runs, so
+only allowed modules may name one: a grader "pkg.mod:fn" loads when `pkg.mod`
+is, or lies inside, a module of `GRADER_MODULES` or of the comma-separated
+environment variable `GRADER_MODULES_ENV` (`WMRL_GRADER_MODULES`), which the
+person who runs the trainer sets; a manifest cannot allow itself.
 
 The boundary: sandbox-facing code gets `Task.public_dir`, `Task.description`
 and `Task.data_report` only. `Task` exposes no private path; the grader finds
@@ -44,7 +53,9 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from wmrl_jax.envs import metrics
@@ -54,6 +65,10 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "held-out", "pretrain")
 PERCENTILE_RULES = ("mid_rank", "mle_dojo", "beat_ratio")
+# Modules whose functions a manifest may name as its grader; the environment adds more.
+GRADER_MODULES = ("wmrl_jax.envs.metrics",)
+GRADER_MODULES_ENV = "WMRL_GRADER_MODULES"
+_GRADER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z]\w*")
 
 
 class ManifestError(ValueError):
@@ -168,15 +183,57 @@ def _parse_metric(raw: Mapping[str, Any]) -> MetricSpec:
                 f"manifest field 'metric.direction' is {direction!r} but {name} is "
                 f"{metrics.METRICS[name].direction}-is-better"
             )
-    elif not isinstance(grader, str) or grader.count(":") != 1:
-        raise ManifestError("manifest field 'metric.grader' must be 'module:function'")
+    else:
+        check_grader(grader)
     return MetricSpec(name=name, grader=grader, direction=direction)
 
 
+def grader_modules() -> tuple[str, ...]:
+    """The modules graders may come from: `GRADER_MODULES` and those in `GRADER_MODULES_ENV`."""
+    extra = os.environ.get(GRADER_MODULES_ENV, "")
+    return GRADER_MODULES + tuple(m.strip() for m in extra.split(",") if m.strip())
+
+
+def check_grader(grader: Any) -> str:
+    """`grader` if it is "module:function" in an allowed module (`grader_modules`);
+    else `ManifestError` naming the field and what is allowed."""
+    if not isinstance(grader, str) or not _GRADER.fullmatch(grader):
+        raise ManifestError(
+            f"manifest field 'metric.grader' is {grader!r}, not 'module:function' "
+            "(dotted identifiers, a public function)"
+        )
+    module = grader.partition(":")[0]
+    allowed = grader_modules()
+    if not any(module == m or module.startswith(m + ".") for m in allowed):
+        raise ManifestError(
+            f"manifest field 'metric.grader' is {grader!r}, whose module is not an allowed "
+            f"grader module {list(allowed)}; add it to {GRADER_MODULES_ENV} to allow it"
+        )
+    return grader
+
+
+def check_submission_file(file: Any) -> str:
+    """`file` if it names a file inside the output directory; else `ManifestError`."""
+    ok = (
+        isinstance(file, str)
+        and file not in ("", ".")
+        and not file.startswith("/")
+        and "\\" not in file
+        and "\0" not in file
+        and posixpath.normpath(file) == file
+        and ".." not in file.split("/")
+    )
+    if not ok:
+        raise ManifestError(
+            f"manifest field 'submission.file' is {file!r}; it must be a file path relative to "
+            "the output directory, like 'submission.csv' (not empty, absolute, a directory or "
+            "through '..')"
+        )
+    return file
+
+
 def _parse_submission(raw: Mapping[str, Any]) -> SubmissionSpec:
-    file = _require(raw, "file", str, "submission")
-    if os.path.isabs(file) or ".." in file.split("/"):
-        raise ManifestError("manifest field 'submission.file' must be a plain relative name")
+    file = check_submission_file(_require(raw, "file", str, "submission"))
     targets = _require(raw, "target_columns", list, "submission")
     if not targets or not all(isinstance(c, str) for c in targets):
         raise ManifestError("manifest field 'submission.target_columns' must list column names")
@@ -250,6 +307,29 @@ def load_task(path: str | os.PathLike[str]) -> Task:
         raise ManifestError(f"task {task.id!r} has no public/ directory")
     check_boundary(task)
     return task
+
+
+def check_unique_ids(tasks: Iterable[Task]) -> None:
+    """Raises `ManifestError` when two tasks share an id, naming the id and both paths.
+
+    Everything downstream (execution caches, recipe tables, boards) keys on the
+    id, so two tasks with one id would answer for each other.
+    """
+    seen: dict[str, str] = {}
+    for t in tasks:
+        if t.id in seen:
+            raise ManifestError(
+                f"duplicate task id {t.id!r}: {seen[t.id]!r} and {t._root!r} (task ids must be "
+                "unique in a task set)"
+            )
+        seen[t.id] = t._root
+
+
+def load_tasks(paths: Sequence[str | os.PathLike[str]]) -> list[Task]:
+    """`load_task` of every path in `paths`, refusing duplicate ids (`check_unique_ids`)."""
+    tasks = [load_task(p) for p in paths]
+    check_unique_ids(tasks)
+    return tasks
 
 
 def overlaps(a: str, b: str) -> bool:

@@ -17,7 +17,7 @@ import ml_collections
 from wmrl_jax import agents
 from wmrl_jax.core.correction import RewardCorrection
 from wmrl_jax.envs import grading
-from wmrl_jax.envs.task import Task, load_task
+from wmrl_jax.envs.task import Task, check_unique_ids, load_task
 from wmrl_jax.train import arms
 from wmrl_jax.train.config import ConfigError
 
@@ -56,6 +56,7 @@ def load_tasks(config: ml_collections.ConfigDict) -> TaskSets:
             config.tasks.split_file,
             config.tasks.metrics_file,
         )
+    check_unique_ids(tasks)  # The execution cache keys on ids: two tasks must not share one.
     for t in tasks:  # A broken grader side fails here, in one line, not mid-run.
         try:
             grading.check_task(t)
