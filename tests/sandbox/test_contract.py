@@ -65,10 +65,10 @@ def test_read_output_caps_and_skips_links(tmp_path):
     assert sorted(d.split()[0] for d in dropped) == ["big.bin", "link"]
 
 
-def test_local_warns_that_the_network_is_not_isolated():
-    with pytest.warns(WeakIsolationWarning, match="network"):
-        LocalExecutor()
-    assert "Network access is NOT prevented" in LocalExecutor.__doc__
+def test_local_states_its_isolation_at_start_up():
+    with pytest.warns(WeakIsolationWarning, match="isolation: new user, mount, pid, ipc, net"):
+        LocalExecutor().close()
+    assert "namespaces" in LocalExecutor.__doc__
 
 
 def test_both_backends_satisfy_the_protocol(docker_executor):
