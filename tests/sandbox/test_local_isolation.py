@@ -5,6 +5,7 @@ finds a task's answers scores 1.0, an honest one 0.5; both must score alike.
 The non-root case runs the executor for real as an unprivileged uid (setpriv).
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,12 +16,13 @@ import textwrap
 
 import pytest
 
-from tests.sandbox.conftest import local_executor
+from tests.sandbox.conftest import TEST_LIMITS, local_executor
 from wmrl_jax.sandbox import InfraError, namespace
 from wmrl_jax.sandbox.files import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOBODY = 65534
+MiB = 1 << 20
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
 
 HONEST = """
@@ -210,3 +212,167 @@ def test_program_sees_only_its_allowlist():
     assert not {"home", "root", "run", "var", "srv", "mnt"} & set(top), top
     assert pids == ["1"]  # alone in its pid namespace
     assert set(tmp) <= {own, "wmrl-sandbox-python"}, tmp  # its own work dir, the staged python
+
+
+def _find_on_host(token: str, deadline_s: float = 120.0) -> str:
+    """The work dir whose output/submission.csv holds `token` (waits for the program)."""
+    import glob
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for path in glob.glob(os.path.join(tempfile.gettempdir(), "wmrl-local-*", "work")):
+            try:
+                with open(os.path.join(path, "output", "submission.csv")) as f:
+                    if token in f.read():
+                        return path
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"no program wrote {token}")
+
+
+def test_concurrent_program_cannot_read_a_siblings_submission():
+    token = f"SIBLING-{os.getpid()}-{os.urandom(4).hex()}"
+    first = f"""
+    import os, time
+    open("output/submission.csv", "w").write({token!r})
+    while not os.path.exists("go"):  # the host says when the sibling is done
+        time.sleep(0.02)
+    """
+    sibling = """
+    import glob, os
+    paths = [{work!r} + "/output/submission.csv"]
+    paths += glob.glob("/tmp/*/work/output/*") + glob.glob("/proc/*/cwd/output/*")
+    paths += glob.glob("/proc/*/root" + {work!r} + "/output/*")
+    for root in ("/tmp", "/"):
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in ("proc", "sys", "usr")]
+            paths += [os.path.join(dirpath, n) for n in filenames if n == "submission.csv"]
+    for path in paths:
+        try:
+            print(path, open(path).read())
+        except OSError as e:
+            print(path, type(e).__name__)
+    print("searched", len(paths))
+    """
+    with local_executor(timeout_s=120, max_workers=2) as ex:
+        running = ex.submit(textwrap.dedent(first))
+        work = _find_on_host(token)
+        try:
+            result = ex.run(textwrap.dedent(sibling).format(work=work))
+        finally:
+            with open(os.path.join(work, "go"), "w"):
+                pass
+        done = running.result(timeout=300)
+    assert done.status == "ok" and done.files == {"submission.csv": token.encode()}, done
+    assert result.status == "ok" and "searched" in result.stdout, result
+    assert token not in result.stdout, result.stdout
+
+
+def test_dev_shm_is_private_and_capped():
+    limits = dataclasses.replace(TEST_LIMITS, tmp_bytes=4 * MiB)
+    with local_executor(timeout_s=60, limits=limits) as ex:
+        result = ex.run(
+            textwrap.dedent(
+                """
+                import os
+                print(sorted(os.listdir("/dev/shm")))
+                written = 0
+                try:
+                    with open("/dev/shm/fill", "wb") as f:
+                        while written < 64 << 20:
+                            f.write(b"\\0" * (1 << 20))
+                            f.flush()
+                            written += 1 << 20
+                except OSError as e:
+                    print(type(e).__name__)
+                print(written >> 20)
+                """
+            )
+        )
+    assert result.status == "ok", result
+    listing, error, mib = result.stdout.split()
+    assert listing == "[]" and error == "OSError" and int(mib) <= 4, result.stdout
+
+
+SHM_KEY = 0x5EED0000 + os.getpid() % 0xFFFF
+SYSV = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shmid = libc.shmget({key}, 1 << 20, {flags})
+print("shmid", shmid)
+if shmid >= 0:
+    addr = libc.shmat(shmid, None, 0)
+    if {write}:
+        ctypes.memmove(addr, b"SYSV-SECRET", 11)
+    else:
+        print(ctypes.string_at(addr, 11))
+"""
+
+
+def test_sysv_shared_memory_dies_with_the_program():
+    with local_executor(timeout_s=60) as ex:
+        made = ex.run(SYSV.format(key=SHM_KEY, flags=0o1000 | 0o666, write=True))
+        later = ex.run(SYSV.format(key=SHM_KEY, flags=0, write=False))
+    assert made.status == "ok" and int(made.stdout.split()[1]) >= 0, made
+    assert later.stdout.strip() == "shmid -1", later  # gone, not readable by the next program
+    with open("/proc/sysvipc/shm") as f:
+        keys = [int(line.split()[0]) for line in f.readlines()[1:]]
+    assert SHM_KEY not in keys  # nor left on the host
+
+
+def test_run_lock_and_other_processes_argv_are_out_of_reach():
+    secret = f"--token=ARGV-SECRET-{os.urandom(4).hex()}"
+    holder = subprocess.Popen(["sleep", "300", secret])
+    try:
+        with local_executor(timeout_s=60) as ex:
+            first = ex.run(
+                'try:\n    open("/run/lock/wmrl-left", "w").write("x")\n    print("wrote")\n'
+                "except OSError as e:\n    print(type(e).__name__)\n"
+            )
+            second = ex.run(
+                "import glob, os\n"
+                "print(os.path.exists('/run/lock/wmrl-left'))\n"
+                "for p in glob.glob('/proc/[0-9]*/cmdline'):\n"
+                "    print(open(p, 'rb').read())\n"
+            )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert first.stdout == "FileNotFoundError\n", first
+    assert not os.path.exists("/run/lock/wmrl-left")
+    assert second.status == "ok" and second.stdout.startswith("False\n"), second
+    assert "ARGV-SECRET" not in second.stdout
+
+
+def test_network_is_loopback_only_locally():
+    import socket
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        with local_executor(timeout_s=60) as ex:
+            result = ex.run(
+                textwrap.dedent(
+                    f"""
+                    import socket
+                    s = socket.socket()
+                    s.settimeout(5)
+                    try:
+                        s.connect(("127.0.0.1", {port}))
+                        print("connected")
+                    except OSError as e:
+                        print("refused", type(e).__name__)
+                    lines = open("/proc/net/dev").readlines()[2:]
+                    print(sorted(line.split(":")[0].strip() for line in lines))
+                    """
+                )
+            )
+    finally:
+        server.close()
+    assert result.status == "ok", result
+    assert result.stdout == "refused ConnectionRefusedError\n['lo']\n", result
