@@ -384,6 +384,7 @@ class LocalExecutor(BaseExecutor):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spec = {
             "fd": theirs.fileno(),
+            "parent": os.getpid(),
             "root": os.path.join(outer, "root"),
             "work": work,
             "binds": list(self.view.binds),
@@ -450,6 +451,11 @@ class LocalExecutor(BaseExecutor):
         if survivors:
             notes.append(f"processes of uid {uid} survived SIGKILL")
         code = proc.returncode
+        if self._closed:
+            return infra_error(
+                "the executor was closed while the program ran; it was killed",
+                wall_seconds=time.monotonic() - start,
+            )
         if code == namespace.FAILED and "wmrl-sandbox:" in err.text():
             return infra_error(
                 f"local sandbox failed: {err.text().strip()[-500:]}",
@@ -499,7 +505,10 @@ def _register_exit(executor: LocalExecutor) -> None:
         if (ex := ref()) is not None:
             ex.close()
 
-    # threading's exit hooks run (last registered first) before pools join their threads.
+    # threading's exit hooks run last registered first, before threads are joined;
+    # the pools' own hook (joining their workers) is registered when this module loads.
+    from concurrent.futures import thread  # noqa: F401
+
     register = getattr(threading, "_register_atexit", atexit.register)
     with contextlib.suppress(RuntimeError):  # registering during interpreter shutdown
         register(close)

@@ -7,7 +7,10 @@ interpreter (`python -I -S -c <this file's source>`), with stdlib only, and:
    itself, so the program's file access is that uid's, nothing more);
 2. forks the program's process, pid 1 of the new pid namespace, and hands
    the host a pidfd of it over the socket `spec["fd"]`: killing it kills
-   every process of the program at once, setsid() or not;
+   every process of the program at once, setsid() or not. The launcher
+   dies with the trainer's thread that started it, the program with the
+   launcher (parent-death signals; a program may clear its own, so a new
+   executor also kills what a dead trainer left, see `leftovers`);
 3. in that process builds a new root on a small tmpfs: read-only binds of
    `spec["binds"]` (system dirs, the interpreter's prefix and
    site-packages), the links of `spec["links"]`, a minimal /dev (null,
@@ -168,6 +171,10 @@ def _child(spec: dict) -> None:
 
 def main(spec: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Dies with the thread that started it (a killed trainer); its program then too.
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    if os.getppid() != spec["parent"]:  # that thread was gone before the prctl
+        os._exit(FAILED)
     uid, gid = os.getuid(), os.getgid()
     flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
     try:
