@@ -33,7 +33,6 @@ dirs; a new executor removes what a killed trainer left (`leftovers`).
 
 import atexit
 import contextlib
-import fcntl
 import logging
 import math
 import os
@@ -49,7 +48,7 @@ import time
 import warnings
 import weakref
 
-from wmrl_jax.sandbox import leftovers, namespace
+from wmrl_jax.sandbox import leftovers, namespace, uids
 from wmrl_jax.sandbox.files import InputError, copy_input, read_output, remove_tree
 from wmrl_jax.sandbox.interpreter import Interpreter, reachable, stage_interpreter, view_paths
 from wmrl_jax.sandbox.result import (
@@ -69,10 +68,6 @@ from wmrl_jax.sandbox.result import (
 
 log = logging.getLogger(__name__)
 
-UID_BASE = 61000
-UID_SLOTS = 256
-# Fixed at import: every process of this machine must agree on it.
-_UID_LOCK_DIR = os.path.join(tempfile.gettempdir(), "wmrl-sandbox-uids")
 READ_CHUNK = 1 << 16
 # After the main program exits and its descendants are killed, pipes normally
 # reach EOF at once; an escaped process holding them is given this long.
@@ -88,106 +83,6 @@ class WeakIsolationWarning(UserWarning):
 def _world_executable(path: str) -> bool:
     """Whether a user with no privileges can execute `path` (every directory searchable)."""
     return reachable(path) and bool(os.stat(path).st_mode & stat.S_IXOTH)
-
-
-def _uid_processes(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose /proc entry belongs to `uid`."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != uid:
-                continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] != b"Z":
-                    pids.append(int(name))
-        except (OSError, IndexError):
-            continue
-    return pids
-
-
-def _kill_uid(uid: int, interpreter: Interpreter) -> bool:
-    """SIGKILLs every process of `uid`; True when none is left."""
-    for _ in range(50):
-        if not _uid_processes(uid):
-            return True
-        # kill(-1) as `uid` reaches exactly that uid's processes, atomically. A
-        # fresh interpreter rather than os.fork(): this process may have threads.
-        subprocess.run(
-            [
-                interpreter.executable,
-                "-I",
-                "-S",
-                "-c",
-                "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
-            ],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={"PATH": "/usr/bin:/bin", **interpreter.env},
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
-        time.sleep(0.005)
-    return not _uid_processes(uid)
-
-
-def _lock_dir() -> str:
-    lock_dir = _UID_LOCK_DIR
-    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-    info = os.lstat(lock_dir)  # a program may have made this path first, as itself or a link
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{lock_dir} is not a private directory of uid {os.geteuid()}")
-    return lock_dir
-
-
-def _try_slot(uid: int) -> int | None:
-    """A descriptor holding `uid`'s lock, or None when another run holds it."""
-    path = os.path.join(_lock_dir(), str(uid))
-    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-@contextlib.contextmanager
-def _uid_slot(interpreter: Interpreter):
-    """A user id no other run (in any process) uses at the same time."""
-    start = os.getpid() % UID_SLOTS
-    for i in range(UID_SLOTS):
-        uid = UID_BASE + (start + i) % UID_SLOTS
-        if (fd := _try_slot(uid)) is None:
-            continue
-        try:
-            _kill_uid(uid, interpreter)  # a previous owner that crashed may have left processes
-            yield uid
-        finally:
-            os.close(fd)
-        return
-    raise RuntimeError(f"all {UID_SLOTS} sandbox user ids are busy")
-
-
-def _reap_free_slots(interpreter: Interpreter) -> None:
-    """Kills what runs under slot uids that no live run holds (a killed trainer's)."""
-    uids = set()
-    for name in os.listdir("/proc"):
-        with contextlib.suppress(OSError):
-            if name.isdigit() and UID_BASE <= (uid := os.stat(f"/proc/{name}").st_uid):
-                if uid < UID_BASE + UID_SLOTS:
-                    uids.add(uid)
-    for uid in sorted(uids):
-        if (fd := _try_slot(uid)) is not None:
-            try:
-                _kill_uid(uid, interpreter)
-            finally:
-                os.close(fd)
 
 
 class LocalExecutor(BaseExecutor):
@@ -260,7 +155,7 @@ class LocalExecutor(BaseExecutor):
         self._closed = False
         removed = leftovers.remove_stale()
         if self.switch_user:
-            _reap_free_slots(self.interpreter)
+            uids.reap_free_slots(self.interpreter)
         if removed:
             log.warning("removed %d work dirs of killed runs: %s", len(removed), removed)
         self._probe()
@@ -279,7 +174,7 @@ class LocalExecutor(BaseExecutor):
                 "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
                 "user.max_user_namespaces>0, no AppArmor/seccomp restriction) and refuses to "
                 "run without them, since programs could read grader-side files; use the "
-                "Docker backend (DockerExecutor, executor.backend=docker) instead"
+                "Docker backend (DockerExecutor, config executor.kind=docker) instead"
             )
 
     def close(self) -> None:
@@ -318,7 +213,11 @@ class LocalExecutor(BaseExecutor):
         start = time.monotonic()
         try:
             with contextlib.ExitStack() as stack:
-                uid = stack.enter_context(_uid_slot(self.interpreter)) if self.switch_user else None
+                uid = (
+                    stack.enter_context(uids.uid_slot(self.interpreter))
+                    if self.switch_user
+                    else None
+                )
                 # The work dir belongs to the program's uid; its parent (the owner
                 # mark, the new root's mount point) belongs to the caller.
                 outer = tempfile.mkdtemp(prefix=leftovers.PREFIX)
@@ -435,7 +334,7 @@ class LocalExecutor(BaseExecutor):
                     namespace.kill_pidfd(pidfd)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)  # main is unreaped: the group still exists
-                survivors = uid is not None and not _kill_uid(uid, self.interpreter)
+                survivors = uid is not None and not uids.kill_uid(uid, self.interpreter)
                 _, wait_status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(wait_status)
                 self._pump(sel, deadline=time.monotonic() + DRAIN_GRACE_S, until_exit=False)

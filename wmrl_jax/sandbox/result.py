@@ -41,7 +41,8 @@ class Limits:
         pids: processes and threads the program may have at once.
         file_size_bytes: largest file the program may write.
         work_bytes: size of the work dir (Docker tmpfs; local: not enforced).
-        tmp_bytes: size of /tmp (Docker tmpfs; local: TMPDIR inside the work dir).
+        tmp_bytes: size of /tmp (Docker tmpfs; local: /tmp and /dev/shm are tmpfs
+            of this size each, and TMPDIR is a dir inside the work dir).
         tail_bytes: last bytes of stdout and of stderr kept in the result.
         output_bytes: total bytes of output files returned; the rest is dropped.
     """
