@@ -376,3 +376,28 @@ def test_network_is_loopback_only_locally():
         server.close()
     assert result.status == "ok", result
     assert result.stdout == "refused ConnectionRefusedError\n['lo']\n", result
+
+
+def test_process_cap_counts_the_programs_processes_exactly():
+    limits = dataclasses.replace(TEST_LIMITS, pids=8)
+    with local_executor(timeout_s=60, limits=limits) as ex:
+        result = ex.run(
+            textwrap.dedent(
+                """
+                import os, time
+                children = 0
+                while children < 50:
+                    try:
+                        pid = os.fork()
+                    except OSError:
+                        break
+                    if pid == 0:
+                        time.sleep(30)
+                        os._exit(0)
+                    children += 1
+                print(children)
+                """
+            )
+        )
+    assert result.status == "ok", result
+    assert result.stdout == "7\n"  # the program and 7 children: `pids` processes

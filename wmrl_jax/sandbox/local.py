@@ -260,8 +260,9 @@ class LocalExecutor(BaseExecutor):
             "RLIMIT_AS": lim.memory_bytes,
             "RLIMIT_CPU": math.ceil(timeout) + 1,
             "RLIMIT_FSIZE": lim.file_size_bytes,
-            # Counted per uid in the program's own user namespace: its processes only.
-            "RLIMIT_NPROC": lim.pids,
+            # Counted per uid in the program's own user namespace: its processes, and
+            # the launcher that made the namespace (+1).
+            "RLIMIT_NPROC": lim.pids + 1,
             "RLIMIT_CORE": 0,
             "RLIMIT_NOFILE": 1024,
         }
