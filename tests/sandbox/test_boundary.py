@@ -108,20 +108,26 @@ def test_hard_link_to_a_root_only_file(executor, secret_dir):
 
 @needs_root
 def test_hard_link_is_dropped_even_when_running_as_root(secret_dir):
-    # The opt-in root mode: the link succeeds, the collector must still refuse it.
+    # The opt-in root mode: the host's file does not exist for the program; a
+    # hard link it makes of its own file, the collector must still refuse.
     with local_executor(switch_user=False, allow_root=True, timeout_s=30) as ex:
         result = run(
             ex,
             f"""
             import os
-            os.link({str(secret_dir / "secret.txt")!r}, "output/secret.txt")
+            try:
+                os.link({str(secret_dir / "secret.txt")!r}, "output/secret.txt")
+            except OSError as e:
+                print("refused", type(e).__name__)
             os.rename("output", "o2")
             os.mkdir("output")
-            os.link("o2/secret.txt", "output/again.txt")
+            open("o2/mine.txt", "w").write("x")
+            os.link("o2/mine.txt", "output/again.txt")
             open("output/own.txt", "w").write("mine")
             """,
         )
     assert result.status == "ok", result
+    assert result.stdout == "refused FileNotFoundError\n"
     assert result.files == {"own.txt": b"mine"}
     assert "again.txt (hard link" in result.message
     assert_no_secret(result)

@@ -20,7 +20,7 @@ from wmrl_jax.sandbox import (
 )
 from wmrl_jax.sandbox.files import read_output
 from wmrl_jax.sandbox.image import default_image, image_version
-from wmrl_jax.sandbox.result import TailBuffer, check_files
+from wmrl_jax.sandbox.result import MAX_TIMEOUT_S, TailBuffer, check_files, check_timeout
 
 
 def test_statuses_are_the_six_strings():
@@ -65,10 +65,10 @@ def test_read_output_caps_and_skips_links(tmp_path):
     assert sorted(d.split()[0] for d in dropped) == ["big.bin", "link"]
 
 
-def test_local_warns_that_the_network_is_not_isolated():
-    with pytest.warns(WeakIsolationWarning, match="network"):
-        LocalExecutor()
-    assert "Network access is NOT prevented" in LocalExecutor.__doc__
+def test_local_states_its_isolation_at_start_up():
+    with pytest.warns(WeakIsolationWarning, match="isolation: new user, mount, pid, ipc, net"):
+        LocalExecutor().close()
+    assert "namespaces" in LocalExecutor.__doc__
 
 
 def test_both_backends_satisfy_the_protocol(docker_executor):
@@ -130,3 +130,34 @@ def test_impossible_timeouts_are_refused(timeout):
     ex = local_executor(timeout_s=10)
     with pytest.raises(ValueError, match="timeout_s"):
         ex.run("print(1)", timeout_s=timeout)
+
+
+@pytest.mark.parametrize("value", [MAX_TIMEOUT_S * 1.01, 2.2e6 * 10, 1e9, 1e300])
+def test_timeout_above_the_maximum_is_refused(value):
+    with pytest.raises(ValueError, match=r"timeout_s must be at most 604800 s"):
+        check_timeout(value)
+
+
+def test_the_largest_timeout_runs_locally():
+    # 7 days, and each wait on the pipes stays below epoll's 2**31 ms (~24.8 days).
+    assert check_timeout(MAX_TIMEOUT_S) == MAX_TIMEOUT_S < 2**31 / 1000
+    with local_executor(timeout_s=MAX_TIMEOUT_S) as ex:
+        result = ex.run("print('fine')")
+    assert (result.status, result.stdout) == ("ok", "fine\n"), result
+
+
+def test_local_pipe_wait_takes_a_deadline_past_epolls_range():
+    # The cause of the old failure: epoll's timeout in ms is a C int (OverflowError past 2**31 ms).
+    import selectors
+    import time
+
+    from wmrl_jax.sandbox.local import LocalExecutor as Local
+
+    r, w = os.pipe()
+    os.write(w, b"x")
+    os.close(w)
+    buffer = TailBuffer(16)
+    with os.fdopen(r, "rb") as stream, selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ, buffer)
+        timed_out = Local._pump(sel, deadline=time.monotonic() + 3e6, until_exit=False)
+    assert (timed_out, buffer.text()) == (False, "x")

@@ -23,6 +23,30 @@ def run(executor, source, **kwargs):
     return result
 
 
+def live_processes_with(token: str) -> list[int]:
+    """Host processes (not zombies) whose argv holds `token`; containers' included."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rpartition(b")")[2].split()[0] != b"Z":
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def assert_gone(token: str) -> None:
+    """No process with `token` in its argv is left (killed ones may take a moment to exit)."""
+    deadline = time.monotonic() + 30  # a hang guard, not a speed check
+    while left := live_processes_with(token):
+        assert time.monotonic() < deadline, f"processes {left} outlived the run"
+        time.sleep(0.05)
+
+
 def assert_healthy(executor):
     """The next program is unaffected."""
     result = run(executor, "print(6 * 7)", timeout_s=30)
@@ -81,7 +105,8 @@ def test_infinite_loop_times_out(executor):
     start = time.monotonic()
     result = run(executor, "while True:\n    pass\n", timeout_s=1.0)
     assert result.status == "timeout"
-    assert time.monotonic() - start < 10
+    # Kept: the timeout's contract (a 1 s timeout ends the run), with a 60x margin for load.
+    assert time.monotonic() - start < 60
     assert_healthy(executor)
 
 
@@ -95,11 +120,13 @@ def test_memory_hog_is_oom(executor):
 def test_fork_bomb_is_contained(executor):
     if executor.environment.startswith("local") and os.geteuid() != 0:
         pytest.skip("RLIMIT_NPROC would count all of this user's processes; not risking it")
-    start = time.monotonic()
+    token = f"wmrl-bomb-{os.getpid()}-{time.monotonic_ns()}"
     result = run(
         executor,
-        """
-        import os
+        f"""
+        import os, sys
+        if len(sys.argv) < 2:  # every copy carries the token in its argv
+            os.execv(sys.executable, [sys.executable, "main.py", {token!r}])
         while True:
             try:
                 os.fork()
@@ -110,7 +137,7 @@ def test_fork_bomb_is_contained(executor):
     )
     # "oom" too: copies of the interpreter can fill the memory cap before the pids cap.
     assert result.status in ("timeout", "killed", "error", "oom"), result
-    assert time.monotonic() - start < 30
+    assert_gone(token)  # every copy is gone, none escaped the kill
     assert_healthy(executor)
 
 
@@ -124,7 +151,6 @@ def test_program_that_kills_its_wrapper_is_killed_not_infra(executor, monkeypatc
 
     if grace_s is not None:  # the stream still open when the grace ends: stop the container
         monkeypatch.setattr(docker_backend, "STREAM_GRACE_S", grace_s)
-    start = time.monotonic()
     result = run(
         executor,
         """
@@ -137,9 +163,9 @@ def test_program_that_kills_its_wrapper_is_killed_not_infra(executor, monkeypatc
         # Headroom for a loaded machine: the wrapper dies ~0.5 s after start, long before.
         timeout_s=8.0 if grace_s is not None else 20.0,
     )
+    # "killed", not "timeout": the run ended with the wrapper, not at its timeout.
     assert (result.status, result.exit_code) == ("killed", -9), result
     assert result.stdout == "started\n"
-    assert time.monotonic() - start < 15
     assert_healthy(executor)
 
 
@@ -172,7 +198,6 @@ def test_closed_stdout_then_sleep_times_out(executor):
 
 
 def test_orphaned_child_is_killed(executor):
-    start = time.monotonic()
     result = run(
         executor,
         """
@@ -188,8 +213,8 @@ def test_orphaned_child_is_killed(executor):
         """,
         timeout_s=20,
     )
+    # "ok", not "timeout": the run did not wait for the orphan (it sleeps past the timeout).
     assert result.status == "ok", result
-    assert time.monotonic() - start < 10, "the run waited for the orphan"
     assert_healthy(executor)
 
 

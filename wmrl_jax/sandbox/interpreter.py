@@ -261,3 +261,25 @@ def _build_atomically(python: str, info: dict, root: str, stage: str) -> None:
         raise InfraError(f"cannot stage {python} for the sandbox uids in {root}: {e}") from e
     finally:
         remove_tree(scratch)
+
+
+def view_paths(python: str, interpreter: Interpreter) -> list[str]:
+    """The directories a program run by `interpreter` must see (read-only) to start.
+
+    For a staged interpreter: its stage and the site-packages it links to;
+    otherwise the prefixes, standard library, extension modules and
+    site-packages of `python` (a virtual environment's and its base's).
+    """
+    info = _query(python)
+    stage_root = os.path.realpath(STAGE_ROOT) + os.sep
+    if interpreter.executable.startswith(stage_root):  # staged: all of it is in the stage
+        digest = interpreter.executable[len(stage_root) :].split(os.sep)[0]
+        paths = [stage_root + digest, *(os.path.realpath(p) for p in _site_dirs(info))]
+    else:
+        paths = [info["prefix"], info["base_prefix"], *_needed(info)]
+    out = []
+    for path in paths:
+        if path and os.path.exists(path):
+            path = path if os.path.isdir(path) else os.path.dirname(path)
+            out += [os.path.abspath(path), os.path.realpath(path)]
+    return sorted(set(out))

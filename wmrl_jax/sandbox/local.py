@@ -1,51 +1,63 @@
-"""LocalExecutor: one subprocess per program, rlimits, a private temp dir.
+"""LocalExecutor: one subprocess per program in new namespaces, rlimits, a private work dir.
 
-The embedded default when no Docker engine is reachable. Weaker than Docker:
-the network is NOT isolated, the work dir has no size cap (only single files
-are capped), and the program sees the host's filesystem with the permissions
-of the user it runs as.
+The embedded default when no Docker engine is reachable. Each program runs
+through `nslaunch` in new user, mount, pid, ipc, net and uts namespaces and
+sees an allowlist of the filesystem (`namespace.make_view`): the system
+directories and its interpreter read-only, its own work dir, and private
+/proc, /tmp and /dev/shm (size-capped tmpfs). Task trees (answers), caches,
+other programs' work dirs, /run and the host's processes do not exist for
+it; the network is an empty namespace (loopback only); System V IPC dies
+with the program. Where the kernel refuses unprivileged user namespaces
+(`kernel.unprivileged_userns_clone=0`, `user.max_user_namespaces=0`, an
+AppArmor restriction, a seccomp profile), `LocalExecutor` refuses to start
+(`InfraError` naming the reason and the Docker backend): without a private
+view, grader-side data readable by the program's uid would be readable by
+the program. Not isolated: CPU share (CPU time is bounded) and the work
+dir's size (single files are capped).
 
-As root (the only way it runs untrusted programs, unless the caller passes
-`allow_root=True`), each program runs under a user id of its own (61000 + a
-free slot, no login, no supplementary groups): RLIMIT_NPROC then bounds
-exactly that program's processes, the program cannot read root-only files
-(/etc/shadow, other processes' /proc/<pid>/environ, a task's private answers
-in a root-only directory) nor write to root-owned directories, and everything
-that uid still runs after the main program exits (daemonised children
-included) is killed, and its files in /tmp, /var/tmp and /dev/shm removed.
-An interpreter that such a uid cannot reach (one under a private home
-directory, or a virtual environment linking there) is staged first
-(`interpreter.stage_interpreter`). Without root the program runs as the
-caller: its process group is killed, but a descendant that calls setsid()
-can escape, and RLIMIT_NPROC counts all of the caller's processes.
+As root (unless the caller passes `allow_root=True`), each program also runs
+under a user id of its own (61000 + a free slot, no login, no supplementary
+groups): RLIMIT_NPROC bounds exactly that program's processes, the program
+cannot read root-only files in the allowlisted dirs (/etc/shadow), and
+everything that uid still runs after the program is killed. An interpreter
+that such a uid cannot reach (one under a private home directory, or a
+virtual environment linking there) is staged first
+(`interpreter.stage_interpreter`).
 
 Inputs are copied in as plain files (`files.copy_input`: a link leaving the
 input dir is refused) and outputs are read through a directory descriptor of
-the work dir without following any link (`files.read_output`).
+the work dir without following any link (`files.read_output`). `close()`
+(also at interpreter exit) kills running programs and removes their work
+dirs; a new executor removes what a killed trainer left (`leftovers`).
 """
 
+import atexit
 import contextlib
-import fcntl
 import logging
 import math
 import os
 import selectors
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
+import weakref
 
-from wmrl_jax.sandbox.files import copy_input, read_output, remove_tree
-from wmrl_jax.sandbox.interpreter import Interpreter, reachable, stage_interpreter
+from wmrl_jax.sandbox import leftovers, namespace, uids
+from wmrl_jax.sandbox.files import InputError, copy_input, read_output, remove_tree
+from wmrl_jax.sandbox.interpreter import Interpreter, reachable, stage_interpreter, view_paths
 from wmrl_jax.sandbox.result import (
     INPUT_NAME,
     OUTPUT_NAME,
     PROGRAM_NAME,
     BaseExecutor,
     ExecutionResult,
+    InfraError,
     Limits,
     TailBuffer,
     check_files,
@@ -56,25 +68,16 @@ from wmrl_jax.sandbox.result import (
 
 log = logging.getLogger(__name__)
 
-UID_BASE = 61000
-UID_SLOTS = 256
-# Fixed at import: every process of this machine must agree on it.
-_UID_LOCK_DIR = os.path.join(tempfile.gettempdir(), "wmrl-sandbox-uids")
 READ_CHUNK = 1 << 16
 # After the main program exits and its descendants are killed, pipes normally
 # reach EOF at once; an escaped process holding them is given this long.
 DRAIN_GRACE_S = 1.0
-# Sets the limits named in argv[1] to the values in argv[2], then execs argv[3:].
-_LAUNCHER = (
-    "import os, resource, sys\n"
-    "for n, v in zip(sys.argv[1].split(','), sys.argv[2].split(',')):\n"
-    "    resource.setrlimit(getattr(resource, n), (int(v), int(v)))\n"
-    "os.execv(sys.argv[3], sys.argv[3:])\n"
-)
+# Longest single wait on the pipes; epoll's timeout is a C int of milliseconds.
+MAX_WAIT_S = 3600.0
 
 
 class WeakIsolationWarning(UserWarning):
-    """The local backend does not isolate the network nor cap the work dir."""
+    """The local backend does not share out the CPU nor cap the work dir."""
 
 
 def _world_executable(path: str) -> bool:
@@ -82,95 +85,14 @@ def _world_executable(path: str) -> bool:
     return reachable(path) and bool(os.stat(path).st_mode & stat.S_IXOTH)
 
 
-def _uid_processes(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose /proc entry belongs to `uid`."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid != uid:
-                continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] != b"Z":
-                    pids.append(int(name))
-        except (OSError, IndexError):
-            continue
-    return pids
-
-
-def _kill_uid(uid: int, interpreter: Interpreter) -> bool:
-    """SIGKILLs every process of `uid`; True when none is left."""
-    for _ in range(50):
-        if not _uid_processes(uid):
-            return True
-        # kill(-1) as `uid` reaches exactly that uid's processes, atomically. A
-        # fresh interpreter rather than os.fork(): this process may have threads.
-        subprocess.run(
-            [
-                interpreter.executable,
-                "-I",
-                "-S",
-                "-c",
-                "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass",
-            ],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={"PATH": "/usr/bin:/bin", **interpreter.env},
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            check=False,
-        )
-        time.sleep(0.005)
-    return not _uid_processes(uid)
-
-
-def _remove_uid_files(uid: int) -> None:
-    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(shared):
-                with contextlib.suppress(OSError):
-                    if entry.stat(follow_symlinks=False).st_uid == uid:
-                        remove_tree(entry.path)
-
-
-@contextlib.contextmanager
-def _uid_slot(interpreter: Interpreter):
-    """A user id no other run (in any process) uses at the same time."""
-    lock_dir = _UID_LOCK_DIR
-    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-    info = os.lstat(lock_dir)  # a program may have made this path first, as itself or a link
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{lock_dir} is not a private directory of uid {os.geteuid()}")
-    start = os.getpid() % UID_SLOTS
-    for i in range(UID_SLOTS):
-        uid = UID_BASE + (start + i) % UID_SLOTS
-        path = os.path.join(lock_dir, str(uid))
-        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        try:
-            _kill_uid(uid, interpreter)  # a previous owner that crashed may have left processes
-            yield uid
-        finally:
-            os.close(fd)
-        return
-    raise RuntimeError(f"all {UID_SLOTS} sandbox user ids are busy")
-
-
 class LocalExecutor(BaseExecutor):
-    """Runs each program as a subprocess with rlimits in a private temp dir.
+    """Runs each program in new namespaces with rlimits in a private work dir.
 
-    Network access is NOT prevented and the work dir is not size-capped; use
-    `DockerExecutor` for untrusted programs. A warning says so at start-up.
-    Inputs are copied into the work dir read-only (`input/`); files written
-    under `output/` are returned. The environment is empty but for PATH, HOME,
+    See the module docstring for what is isolated; use `DockerExecutor` for a
+    CPU share and a capped work dir. One log line (and a
+    `WeakIsolationWarning`) states the isolation at start-up. Inputs are
+    copied into the work dir read-only (`input/`); files written under
+    `output/` are returned. The environment is empty but for PATH, HOME,
     TMPDIR, LANG, WMRL_INPUT_DIR and WMRL_OUTPUT_DIR.
 
     Example:
@@ -182,20 +104,22 @@ class LocalExecutor(BaseExecutor):
         python: interpreter for the programs; default the running one. As root,
             one that an unprivileged uid cannot reach is staged first (see
             `interpreter.stage_interpreter`); `environment` still names `python`.
-        limits: resource limits (`Limits`); `cpus` is not enforced locally.
+        limits: resource limits (`Limits`); `cpus` and `work_bytes` are not
+            enforced locally; /tmp and /dev/shm are tmpfs of `tmp_bytes` each.
         timeout_s: default wall-clock timeout.
         max_workers: threads behind `submit`.
         switch_user: run each program under its own unprivileged uid (only
             possible as root). Default: whenever root.
         allow_root: accept running programs as root (`switch_user=False` as
             root). Without it that is refused: a program running as root can
-            read the caller's secrets, leave daemons behind and ignore the
+            read the caller's secrets in the allowlisted dirs and ignore the
             process cap.
 
     Raises:
         ValueError: `switch_user=True` without root, or root with
             `switch_user=False` and not `allow_root`.
-        InfraError: the interpreter cannot be made to run as an unprivileged uid.
+        InfraError: the interpreter cannot be made to run as an unprivileged
+            uid, or the kernel refuses the namespaces (the message says why).
     """
 
     def __init__(
@@ -225,12 +149,45 @@ class LocalExecutor(BaseExecutor):
             stage_interpreter(self.python) if self.switch_user else Interpreter(self.python, {})
         )
         self.environment = f"local:{self.python}"
-        message = (
-            "LocalExecutor does not isolate the network and does not cap the work dir's "
-            "size; run untrusted programs with DockerExecutor."
-        )
+        self.view = namespace.make_view(view_paths(self.python, self.interpreter))
+        self._live: dict[int, tuple[int, str]] = {}  # run id -> (program pidfd, outer dir)
+        self._live_lock = threading.Lock()
+        self._closed = False
+        removed = leftovers.remove_stale()
+        if self.switch_user:
+            uids.reap_free_slots(self.interpreter)
+        if removed:
+            log.warning("removed %d work dirs of killed runs: %s", len(removed), removed)
+        self._probe()
+        message = namespace.describe(self.view, self.switch_user)
         log.warning(message)
         warnings.warn(message, WeakIsolationWarning, stacklevel=2)
+        _register_exit(self)
+
+    def _probe(self) -> None:
+        """Runs a trivial program; InfraError naming the reason when namespaces are refused."""
+        result = self.run("pass", timeout_s=max(self.timeout_s, namespace.HANDSHAKE_S))
+        if result.status != "ok":
+            reason = result.stderr.strip().splitlines()[-1:] or [result.message]
+            raise InfraError(
+                f"the local sandbox cannot isolate programs here ({reason[0]}); it needs "
+                "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+                "user.max_user_namespaces>0, no AppArmor/seccomp restriction) and refuses to "
+                "run without them, since programs could read grader-side files; use the "
+                "Docker backend (DockerExecutor, config executor.kind=docker) instead"
+            )
+
+    def close(self) -> None:
+        """Kills running programs, waits for their runs and removes their work dirs."""
+        self._closed = True
+        with self._live_lock:
+            live = list(self._live.values())
+        for pidfd, _ in live:
+            namespace.kill_pidfd(pidfd)
+        super().close()
+        with self._live_lock:
+            for _, outer in self._live.values():  # runs of threads not ours, still unwinding
+                remove_tree(outer)
 
     def run(self, source, *, input_dir=None, timeout_s=None, files=None) -> ExecutionResult:
         """Runs `source` to completion or timeout; see `Executor.run`.
@@ -238,27 +195,43 @@ class LocalExecutor(BaseExecutor):
         Raises:
             ValueError: bad `files`, or `input_dir` is not a directory.
             InputError: `input_dir` holds a link that leaves it, or a special
-                file (see `files.input_files`).
+                file (see `files.input_files`), or it lies where the program
+                would see its task's other files (inside an allowlisted dir).
         """
         timeout = check_timeout(self.timeout_s if timeout_s is None else timeout_s)
         extra = check_files(files)
         check_input_dir(input_dir)
+        if input_dir is not None:
+            task_dir = os.path.dirname(os.path.realpath(input_dir))
+            if (bind := namespace.exposed(self.view, task_dir)) is not None:
+                raise InputError(
+                    f"input_dir {input_dir} lies inside {bind}, which every program sees; "
+                    "its task's private files would be readable: move the task tree elsewhere"
+                )
+        if self._closed:
+            return infra_error("the executor is closed")
         start = time.monotonic()
         try:
             with contextlib.ExitStack() as stack:
-                uid = stack.enter_context(_uid_slot(self.interpreter)) if self.switch_user else None
-                # The work dir belongs to the program's uid; its parent does not, so
-                # that removing that uid's files in /tmp afterwards spares it.
-                outer = tempfile.mkdtemp(prefix="wmrl-local-")
+                uid = (
+                    stack.enter_context(uids.uid_slot(self.interpreter))
+                    if self.switch_user
+                    else None
+                )
+                # The work dir belongs to the program's uid; its parent (the owner
+                # mark, the new root's mount point) belongs to the caller.
+                outer = tempfile.mkdtemp(prefix=leftovers.PREFIX)
                 stack.callback(remove_tree, outer)
+                leftovers.mark(outer)
                 os.chmod(outer, 0o711)
                 work = os.path.join(outer, "work")
                 os.mkdir(work)
+                os.mkdir(os.path.join(outer, "root"), 0o755)
                 # Outputs are read through this descriptor, whatever the program renames.
                 work_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
                 stack.callback(os.close, work_fd)
                 self._prepare(work, source, extra, input_dir, uid)
-                return self._execute(work, work_fd, timeout, uid, start)
+                return self._execute(outer, work, work_fd, timeout, uid, start)
         except OSError as e:
             return infra_error(
                 f"local sandbox failed: {e!r}", wall_seconds=time.monotonic() - start
@@ -281,22 +254,21 @@ class LocalExecutor(BaseExecutor):
         # Last, so that the program may create files next to its own but not replace them.
         owner(work)
 
-    def _rlimits(self, timeout: float, uid: int | None) -> dict[str, int]:
+    def _rlimits(self, timeout: float) -> dict[str, int]:
         lim = self.limits
-        nproc = lim.pids
-        if uid is None:  # RLIMIT_NPROC counts all of the caller's processes
-            nproc += len(_uid_processes(os.getuid()))
         return {
             "RLIMIT_AS": lim.memory_bytes,
             "RLIMIT_CPU": math.ceil(timeout) + 1,
             "RLIMIT_FSIZE": lim.file_size_bytes,
-            "RLIMIT_NPROC": nproc,
+            # Counted per uid in the program's own user namespace: its processes, and
+            # the launcher that made the namespace (+1).
+            "RLIMIT_NPROC": lim.pids + 1,
             "RLIMIT_CORE": 0,
             "RLIMIT_NOFILE": 1024,
         }
 
-    def _execute(self, work, work_fd, timeout, uid, start) -> ExecutionResult:
-        rl = self._rlimits(timeout, uid)
+    def _spawn(self, outer, work, timeout, uid, start):
+        """Starts the launcher; (process, program pidfd or None)."""
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": work,
@@ -309,44 +281,86 @@ class LocalExecutor(BaseExecutor):
         }
         user = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
         python = self.interpreter.executable
-        argv = [python, "-I", "-S", "-c", _LAUNCHER, ",".join(rl)]
-        argv += [",".join(str(v) for v in rl.values()), python, PROGRAM_NAME]
-        proc = subprocess.Popen(
-            argv,
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            **user,
-        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        spec = {
+            "fd": theirs.fileno(),
+            "parent": os.getpid(),
+            "root": os.path.join(outer, "root"),
+            "work": work,
+            "binds": list(self.view.binds),
+            "links": self.view.links,
+            "tmp_bytes": self.limits.tmp_bytes,
+            "shm_bytes": self.limits.tmp_bytes,
+            "rlimits": self._rlimits(timeout),
+            "argv": [python, PROGRAM_NAME],
+        }
+        with ours, theirs:
+            proc = subprocess.Popen(
+                namespace.launcher_argv(python, spec),
+                cwd="/",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(theirs.fileno(),),
+                **user,
+            )
+            theirs.close()
+            pidfd = namespace.receive_pidfd(ours, start + timeout)
+        return proc, pidfd
+
+    def _execute(self, outer, work, work_fd, timeout, uid, start) -> ExecutionResult:
+        proc, pidfd = self._spawn(outer, work, timeout, uid, start)
+        run_id = id(proc)
+        if pidfd is not None:
+            with self._live_lock:
+                self._live[run_id] = (pidfd, outer)
+            leftovers.mark(outer, launcher=proc.pid, program=namespace.pidfd_pid(pidfd))
+            if self._closed:  # close() came between the check in run() and here
+                namespace.kill_pidfd(pidfd)
         out, err = TailBuffer(self.limits.tail_bytes), TailBuffer(self.limits.tail_bytes)
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ, out)
-            sel.register(proc.stderr, selectors.EVENT_READ, err)
-            pidfd = os.pidfd_open(proc.pid)
-            try:
-                sel.register(pidfd, selectors.EVENT_READ, None)
-                timed_out = self._pump(sel, deadline=start + timeout, until_exit=True)
-            finally:
-                sel.unregister(pidfd)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ, out)
+                sel.register(proc.stderr, selectors.EVENT_READ, err)
+                exit_fd = os.pidfd_open(proc.pid)
+                try:
+                    sel.register(exit_fd, selectors.EVENT_READ, None)
+                    timed_out = self._pump(sel, deadline=start + timeout, until_exit=True)
+                finally:
+                    sel.unregister(exit_fd)
+                    os.close(exit_fd)
+                if pidfd is not None:  # pid 1 of the program's namespace: all of it dies
+                    namespace.kill_pidfd(pidfd)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # main is unreaped: the group still exists
+                survivors = uid is not None and not uids.kill_uid(uid, self.interpreter)
+                _, wait_status, usage = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(wait_status)
+                self._pump(sel, deadline=time.monotonic() + DRAIN_GRACE_S, until_exit=False)
+        finally:
+            if pidfd is not None:
+                with self._live_lock:
+                    del self._live[run_id]
                 os.close(pidfd)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # main is unreaped: the group still exists
-            leftovers = uid is not None and not _kill_uid(uid, self.interpreter)
-            _, wait_status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(wait_status)
-            self._pump(sel, deadline=time.monotonic() + DRAIN_GRACE_S, until_exit=False)
-        proc.stdout.close()
-        proc.stderr.close()
-        if uid is not None:
-            _remove_uid_files(uid)
+            proc.stdout.close()
+            proc.stderr.close()
         files, dropped = read_output(work_fd, OUTPUT_NAME, self.limits.output_bytes, owner=uid)
         notes = [f"output files left out: {', '.join(dropped)}"] if dropped else []
-        if leftovers:
+        if survivors:
             notes.append(f"processes of uid {uid} survived SIGKILL")
         code = proc.returncode
+        if self._closed:
+            return infra_error(
+                "the executor was closed while the program ran; it was killed",
+                wall_seconds=time.monotonic() - start,
+            )
+        if code == namespace.FAILED and "wmrl-sandbox:" in err.text():
+            return infra_error(
+                f"local sandbox failed: {err.text().strip()[-500:]}",
+                wall_seconds=time.monotonic() - start,
+            )
         return ExecutionResult(
             status=_status(code, timed_out, err.text()),
             exit_code=code,
@@ -369,7 +383,8 @@ class LocalExecutor(BaseExecutor):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return True
-            events = sel.select(remaining)
+            # epoll takes milliseconds as a C int: a wait past ~24.8 days overflows.
+            events = sel.select(min(remaining, MAX_WAIT_S))
             for key, _ in events:
                 if key.data is None:
                     exited = True
@@ -380,6 +395,23 @@ class LocalExecutor(BaseExecutor):
                 else:
                     sel.unregister(key.fileobj)
         return False
+
+
+def _register_exit(executor: LocalExecutor) -> None:
+    """Closes `executor` at interpreter exit, before the thread pools wait for their runs."""
+    ref = weakref.ref(executor)
+
+    def close():
+        if (ex := ref()) is not None:
+            ex.close()
+
+    # threading's exit hooks run last registered first, before threads are joined;
+    # the pools' own hook (joining their workers) is registered when this module loads.
+    from concurrent.futures import thread  # noqa: F401
+
+    register = getattr(threading, "_register_atexit", atexit.register)
+    with contextlib.suppress(RuntimeError):  # registering during interpreter shutdown
+        register(close)
 
 
 def _status(code: int, timed_out: bool, stderr: str) -> str:

@@ -21,6 +21,9 @@ PROGRAM_NAME = "main.py"
 INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 MiB = 1 << 20
+# Largest timeout a caller may ask for: 7 days, well below the 2**31 ms that a
+# wait in milliseconds (epoll, poll) can express.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class InfraError(RuntimeError):
@@ -38,7 +41,8 @@ class Limits:
         pids: processes and threads the program may have at once.
         file_size_bytes: largest file the program may write.
         work_bytes: size of the work dir (Docker tmpfs; local: not enforced).
-        tmp_bytes: size of /tmp (Docker tmpfs; local: TMPDIR inside the work dir).
+        tmp_bytes: size of /tmp (Docker tmpfs; local: /tmp and /dev/shm are tmpfs
+            of this size each, and TMPDIR is a dir inside the work dir).
         tail_bytes: last bytes of stdout and of stderr kept in the result.
         output_bytes: total bytes of output files returned; the rest is dropped.
     """
@@ -167,8 +171,14 @@ def check_files(files: Mapping[str, bytes | str] | None) -> dict[str, bytes]:
 
 
 def check_timeout(timeout_s) -> float:
-    """A caller's timeout as a float; NaN, infinite, non-positive or non-numbers are refused
-    (a NaN deadline would never pass)."""
+    """A caller's timeout as a float, in (0, `MAX_TIMEOUT_S`].
+
+    NaN, infinite, non-positive, too large or non-numbers are refused: a NaN
+    deadline would never pass, and waits on the program's pipes take their
+    timeout in milliseconds as a C int (epoll, poll), which overflows past
+    2**31 ms (about 24.8 days): every run would fail. "No limit" is not
+    offered: a program that never ends would hold its worker forever.
+    """
     value = math.nan
     if isinstance(timeout_s, numbers.Real) and not isinstance(timeout_s, bool):
         try:
@@ -178,6 +188,11 @@ def check_timeout(timeout_s) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(
             f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}"
+        )
+    if value > MAX_TIMEOUT_S:
+        raise ValueError(
+            f"timeout_s must be at most {MAX_TIMEOUT_S:.0f} s (7 days), got {timeout_s!r}; "
+            "there is no 'no limit' value"
         )
     return value
 
