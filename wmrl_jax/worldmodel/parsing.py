@@ -71,10 +71,15 @@ _FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
 # Bounds of the nested-object search (b); an answer object is a few hundred characters.
 MAX_TAIL_STARTS = 64
 MAX_OBJECT_CHARS = 1 << 16
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_NUMBER_TEXT = re.compile(rf"\s*({_NUMBER})\s*(%?)\s*")
+# Numbers and the patterns around them are deterministic: wherever a quantifier may stop
+# or go on, the characters it repeats and those that may follow are disjoint, so no
+# text can be split two ways and a failed match backs off one character at a time
+# (linear). `\d+\.?\d*` was not: a run of n digits splits n ways, quadratic when the
+# match fails after it (20,000 digits then took 50 s).
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_NUMBER_TEXT = re.compile(rf"\s*({_NUMBER})\s*(?:(%)\s*)?")
 # One token of a lenient object, matched anchored at a position. Each alternative
-# starts with a distinct character class and its repetitions are unambiguous, so
+# starts with a distinct character class and is deterministic (as `_NUMBER`), so
 # a match costs at most the token's length.
 _TOKEN = re.compile(
     rf"""\s*(?:
