@@ -1,12 +1,12 @@
 """Turning a world model's free-text answer into a prediction with a variance.
 
 An answer is parsed, never trusted: the last JSON object in the text that
-holds the answer keys and is not quoted wins (reasoning and drafts before it
-are ignored),
-numbers are clamped to [0, 1], and anything unusable becomes a prediction
-with NaN mean and infinite variance, which the reward correction treats as
-"no prediction" instead of crashing. Why an answer is unusable is its status
-(`FAILURE_STATUSES`), counted over a batch by `failure_counts`:
+holds the answer keys and is not quoted (below) wins (reasoning and drafts
+before it are ignored), numbers are clamped to [0, 1], and anything unusable
+becomes a prediction with NaN mean and infinite variance, which the reward
+correction treats as "no prediction" instead of crashing. Why an answer is
+unusable is its status (`FAILURE_STATUSES`), counted over a batch by
+`failure_counts`:
 
 * "no_json": no object at all (prose only);
 * "truncated": no complete answer, and the text ends inside an object (an
