@@ -147,7 +147,7 @@ def test_scripted_episode_makes_real_tool_calls(episode, task, executor):
         assert "[info result]" in transcript and "train.csv: 40 rows, 4 columns" in transcript
         assert "f1: numeric, 0 missing" in transcript
         # Validation ran the agent's program on 5-row samples and checked its submission.
-        assert "[validate result]\nstatus: ok" in transcript
+        assert "> [validate result]\n> status: ok" in transcript  # quoted lines
         assert "5 of the sample's 5 test ids present" in transcript
         assert SUBMIT not in transcript  # the transcript stops before the submission
     # The submission itself is graded for real (what an anchor's execution does).
@@ -422,3 +422,68 @@ def test_environment_messages_follow_the_chat_template():
     assert len(env.ids("x" * 10_000, stopped=True)) <= 64
     with pytest.raises(ValueError, match="tool_max_tokens=4"):
         EnvironmentMessages(tok, (STOP,), 4, {"enable_thinking": False})
+
+
+# A program whose only output file is named by bytes that are not UTF-8: the sandbox
+# returns the name with a lone surrogate, which the validate answer names.
+BAD_NAME = """import os
+out = os.fsencode(os.environ["WMRL_OUTPUT_DIR"])
+with open(os.path.join(out, b"pred\\xff.csv"), "w") as f:
+    f.write("id,target\\n")
+"""
+
+
+def test_a_file_name_that_is_not_utf8_is_text_in_the_validate_answer(task, executor):
+    tools = tools_on(executor)
+    answer = tools.call(task, "validate", BAD_NAME).result()
+    assert answer.status == "ok" and "pred\\xff.csv" in answer.text  # escaped, readable
+    answer.text.encode("utf-8")  # valid text: no lone surrogate left
+    env = agent_with(script(SUBMIT), tools)[1].environment_messages()
+    ids = env.ids(answer.text, stopped=True)  # the fixture's tokenizer takes it
+    assert "pred\\xff.csv" in model_tokenizer().decode(ids)
+    # Through a whole episode: validate, then submit; the rollout goes on.
+    step = f"```python\n{BAD_NAME}```\nACTION: validate"
+    model, agent = agent_with(script(step, SUBMIT), tools, turns=2)
+    ro = agent.rollout(model.params, [task], group_size=2, key=jax.random.key(0))
+    assert ro.causes == ("ok", "ok") and ro.programs == [PROGRAM, PROGRAM]
+    assert all("pred\\xff.csv" in t for t in ro.transcripts)
+    agent.wm_prompt_ids(task, PROGRAM, transcript=ro.transcripts[0])  # tokenisable too
+
+
+class _FailingTools:
+    """Tools whose first call raises and whose second call's future fails; then real."""
+
+    def __init__(self, tools):
+        self.tools, self.validate_rows, self.calls = tools, tools.validate_rows, 0
+
+    def call(self, task, name, source=""):
+        import concurrent.futures
+
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("the sandbox fell over")
+        if self.calls == 2:
+            failed = concurrent.futures.Future()
+            failed.set_exception(OSError("the answer was lost"))
+            return failed
+        return self.tools.call(task, name, source)
+
+
+def test_one_failing_episode_does_not_stop_the_rollout(task, executor, caplog):
+    tools = _FailingTools(tools_on(executor))
+    model, agent = agent_with(script(INFO, SUBMIT), tools, turns=2)
+    ro = agent.rollout(model.params, [task], group_size=3, key=jax.random.key(0))
+    # Rows 0 and 1 met the failures and ended without a program; row 2 went on.
+    assert ro.causes == ("episode_error", "episode_error", "ok")
+    assert ro.programs == ["", "", PROGRAM]
+    assert "the environment failed: RuntimeError: the sandbox fell over" in ro.transcripts[0]
+    assert "the environment failed: OSError: the answer was lost" in ro.transcripts[1]
+    assert "[info result]" in ro.transcripts[2]
+    assert sum("the environment failed" in r.getMessage() for r in caplog.records) == 2
+    # Their tokens end after the agent's first message: nothing of the environment's.
+    b = ro.batch
+    for i in (0, 1):
+        assert not ((b["attention_mask"][i] > 0) & (b["loss_mask"][i] == 0))[P:].any()
+    rewards, valid = stages.with_no_program_rows(np.zeros(3, np.float32), np.zeros(3, bool),
+                                                 stages.no_program_rows(ro), -0.25)  # fmt: skip
+    np.testing.assert_array_equal(rewards, [-0.25, -0.25, 0.0])

@@ -148,7 +148,8 @@ def test_extract_program_is_the_source_and_the_text_agent_uses_it():
 
 def test_cause_counts():
     parses = [find_program(t) for t in ("x = 1", "", "prose here", "```\nf(\n```", "words")]
-    assert cause_counts(parses) == {"empty": 1, "no_code": 2, "syntax_error": 1, "no_submission": 0}
+    assert cause_counts(parses) == {"empty": 1, "no_code": 2, "syntax_error": 1,
+                                    "no_submission": 0, "episode_error": 0}  # fmt: skip
     assert cause_counts([]) == dict.fromkeys(PROGRAM_CAUSES[1:], 0)
 
 

@@ -87,3 +87,15 @@ def test_unknown_tool_and_bad_budgets_are_refused(task):
         box.close()
     with pytest.raises(ValueError, match="budgets"):
         ToolBox(None, info_timeout_s=0)
+
+
+def test_a_file_name_that_is_not_utf8_is_escaped_text(tools, task):
+    """The sandbox returns such a name with a lone surrogate; the answer escapes it."""
+    program = """import os
+out = os.fsencode(os.environ["WMRL_OUTPUT_DIR"])
+open(os.path.join(out, b"pred\\xff.csv"), "w").close()
+"""
+    answer = tools.call(task, "validate", program).result()
+    assert answer.status == "ok"
+    assert "was not written (output files: pred\\xff.csv)" in answer.text
+    answer.text.encode("utf-8")  # valid text: a tokenizer takes it

@@ -22,6 +22,14 @@ submits one; otherwise the sample holds no program, with cause
 ("empty", "no_code", "syntax_error"). Such a row is an invalid outcome that
 nothing executes, as in a single turn.
 
+Whatever a program writes, a tool's answer is text: it enters the transcript
+as valid text (`wmrl_jax.prompt_text.valid_text`; a file name that is not
+UTF-8 is escaped) and a tool never raises. Should the environment fail on one
+episode anyway (a tool's future failing, its answer not tokenisable), that
+episode ends without a program, cause "episode_error", with the error as the
+environment's last answer in its transcript and in the log; the other
+episodes go on, and `run_episodes` does not raise.
+
 Token layout, fixed for a config: row i of the train batch is the solver
 prompt left-padded to P, then the transcript (agent and environment tokens
 alternating, as generated), then right padding, T = P + K * M + (K - 1) * E.
@@ -36,13 +44,16 @@ log-prob sum.
 
 The world model judges an episode's submission from the transcript before it
 (`render_transcript`): the agent's earlier messages and the environment's
-answers. With K = 1 none of this runs: `TextAgent` keeps its single-turn path.
+answers, each a quoted block (`prompt_text.quote`) so that nothing in them
+passes for the transcript's own headers; `cut_transcript` cuts it to a budget
+and keeps that so. With K = 1 none of this runs: `TextAgent` keeps its single-turn path.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 
@@ -52,19 +63,29 @@ import numpy as np
 
 from wmrl_jax.agents.base import Rollout
 from wmrl_jax.agents.programs import find_action
+from wmrl_jax.prompt_text import break_control_tokens, quote, valid_text
 
+log = logging.getLogger(__name__)
 # Characters of each agent message kept in the world model's transcript.
 TRANSCRIPT_MESSAGE_CHARS = 2000
 _SENTINELS = ("\x00AGENT\x00", "\x00ENV\x00")
 
 
-def middle_cut(text: str, keep: int) -> str:
-    """`text` with its middle replaced by a marker so that `keep` characters remain."""
+def _middle_parts(text: str, keep: int) -> tuple[str, str, int]:
+    """(head, tail, dropped): `keep` characters of `text` around a cut of `dropped`."""
     if keep >= len(text):
-        return text
+        return text, "", 0
     head = keep // 2
     tail = text[len(text) - (keep - head) :] if keep > head else ""
-    return f"{text[:head]}\n[... {len(text) - keep} characters truncated ...]\n{tail}"
+    return text[:head], tail, len(text) - keep
+
+
+def middle_cut(text: str, keep: int) -> str:
+    """`text` with its middle replaced by a marker so that `keep` characters remain."""
+    head, tail, dropped = _middle_parts(text, keep)
+    if not dropped:
+        return text
+    return f"{head}\n[... {dropped} characters truncated ...]\n{tail}"
 
 
 def episode_instructions(turns: int, validate_rows: int) -> str:
@@ -83,6 +104,9 @@ def episode_instructions(turns: int, validate_rows: int) -> str:
 def render_transcript(messages: Sequence[tuple[str, str]]) -> str:
     """The world model's view of an episode before its submission.
 
+    Every line written by the agent or the environment is quoted (``> ``), so
+    the only unquoted lines are the headers written here.
+
     Args:
       messages: (agent message, environment answer) pairs, in order.
     """
@@ -90,11 +114,26 @@ def render_transcript(messages: Sequence[tuple[str, str]]) -> str:
     for k, (agent, env) in enumerate(messages, 1):
         parts += [
             f"## Message {k} of the agent",
-            middle_cut(agent.strip(), TRANSCRIPT_MESSAGE_CHARS),
+            quote(valid_text(middle_cut(agent.strip(), TRANSCRIPT_MESSAGE_CHARS))),
             f"## Answer {k} of the environment",
-            env.strip(),
+            quote(valid_text(env.strip())),
         ]
     return "\n\n".join(parts)
+
+
+def cut_transcript(transcript: str, keep: int) -> str:
+    """`middle_cut` of a `render_transcript` text, its lines still quoted or headers.
+
+    The kept tail may start inside a line; that fragment is quoted, so that no
+    fragment of a quoted line stands as a line of its own.
+    """
+    head, tail, dropped = _middle_parts(transcript, keep)
+    if not dropped:
+        return transcript
+    if tail and transcript[-len(tail) - 1] != "\n":
+        first, sep, rest = tail.partition("\n")
+        tail = quote(first) + sep + rest
+    return f"{head}\n[... {dropped} characters truncated ...]\n{tail}"
 
 
 @dataclasses.dataclass
@@ -154,7 +193,7 @@ class EnvironmentMessages:
         self.head = head[len(self.closing) :]
         self.tokenizer = tokenizer
         self.budget = int(budget)
-        self._added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+        self._added = list(tokenizer.get_added_vocab())
         if len(self.ids("", stopped=False)) > self.budget:
             raise ValueError(
                 f"tool_max_tokens={budget} cannot hold the chat template's message wrapper "
@@ -170,11 +209,11 @@ class EnvironmentMessages:
 
         Args:
           content: the environment's answer; control-token strings in it (a
-            program printing ``<|im_end|>``) are broken so they stay text.
+            program printing ``<|im_end|>``) are broken so they stay text, and
+            lone surrogates are escaped (`prompt_text.valid_text`).
           stopped: whether the agent's message ended with its stop token.
         """
-        for token in self._added:  # longest first, so no token is half-broken
-            content = content.replace(token, f"{token[:1]}\u200b{token[1:]}")
+        content = break_control_tokens(valid_text(content), self._added)
         ids = self._encode(content, stopped)
         if len(ids) <= self.budget:
             return ids
@@ -207,10 +246,15 @@ def _answer(episode: _Episode, action, turn: int, turns: int, tools, task):
     done: concurrent.futures.Future = concurrent.futures.Future()
     if action.name == "info" or (action.name == "validate" and program.ok):
         inner = tools.call(task, action.name, program.source)
-        inner.add_done_callback(
-            lambda f: done.set_result((f"{action.name} result", f.result().text,
-                                       f.result().seconds, True))
-        )  # fmt: skip
+
+        def forward(f: concurrent.futures.Future) -> None:
+            try:
+                result = f.result()
+                done.set_result((f"{action.name} result", result.text, result.seconds, True))
+            except Exception as e:  # resolve `done` whatever happens, or the turn waits forever
+                done.set_exception(e)
+
+        inner.add_done_callback(forward)
         return done
     why = program.cause + (f": {program.detail}" if program.detail else "")
     if action.name == "none":
@@ -222,6 +266,14 @@ def _answer(episode: _Episode, action, turn: int, turns: int, tools, task):
         text = f"`{action.name}` needs a program in a ```python block; none was found ({why})."
     done.set_result(("error", text, 0.0, False))
     return done
+
+
+def _fail(episode: _Episode, text: str, task, error: Exception) -> None:
+    """Ends `episode` after the agent's message `text`: the environment failed on it."""
+    why = valid_text(f"{type(error).__name__}: {error}")[:500]
+    log.warning("an episode of task %r ended: the environment failed: %s", task.id, why)
+    episode.program, episode.cause = "", "episode_error"
+    episode.messages.append((text, f"[error]\nthe environment failed: {why}"))
 
 
 def run_episodes(agent, params, tasks: Sequence, *, group_size: int, key, greedy: bool = False):
@@ -275,7 +327,11 @@ def run_episodes(agent, params, tasks: Sequence, *, group_size: int, key, greedy
             tokens = out.tokens[j][sampled]
             rows[i].extend(tokens, 1, out.logprobs[j][sampled])
             task = tasks[i // group_size]
-            answer = _answer(rows[i], find_action(texts[j]), turn, turns, agent.tools, task)
+            try:
+                answer = _answer(rows[i], find_action(texts[j]), turn, turns, agent.tools, task)
+            except Exception as error:  # one episode's failure, not the rollout's
+                _fail(rows[i], texts[j], task, error)
+                continue
             if answer is not None:
                 stopped = len(tokens) > 0 and int(tokens[-1]) in stops
                 pending[i] = (answer, texts[j], stopped)
@@ -285,10 +341,15 @@ def run_episodes(agent, params, tasks: Sequence, *, group_size: int, key, greedy
         left = turns - turn - 1
         note = "This is your last message: submit." if left == 1 else f"{left} messages left."
         for i, (answer, text, stopped) in pending.items():
-            label, body, seconds, called = answer.result()
-            calls, tool_seconds = calls + called, tool_seconds + seconds
-            content = f"[{label}]\n{body.rstrip()}\n\n({note})"
-            rows[i].extend(env.ids(content, stopped=stopped), 0)
+            try:
+                label, body, seconds, called = answer.result()
+                calls, tool_seconds = calls + called, tool_seconds + seconds
+                content = valid_text(f"[{label}]\n{body.rstrip()}\n\n({note})")
+                ids = env.ids(content, stopped=stopped)
+            except Exception as error:  # one episode's failure, not the rollout's
+                _fail(rows[i], text, tasks[i // group_size], error)
+                continue
+            rows[i].extend(ids, 0)
             rows[i].messages.append((text, content))
     prompts = [prompts[i // group_size] for i in range(n)]
     batch = _batch(rows, prompts, p, turns * m + (turns - 1) * e, agent.pad_id)

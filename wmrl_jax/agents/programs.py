@@ -27,7 +27,9 @@ Causes (`PROGRAM_CAUSES`): "ok"; "empty" (blank text or only blank
 candidates); "syntax_error" (a candidate block, the last non-blank one, does
 not parse: its error is in `detail`); "no_code" (prose, or only candidates
 that do nothing); "no_submission" (an episode of several turns that ended
-without submitting, `wmrl_jax.agents.episodes`; `find_program` never says it).
+without submitting, `wmrl_jax.agents.episodes`; `find_program` never says it);
+"episode_error" (an episode the environment failed on, ended without a
+program; `find_program` never says it either).
 
 Actions. In an episode each of the agent's messages names what it asks the
 environment for (`find_action`): a line holding only ``ACTION: <name>`` (any
@@ -56,7 +58,7 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-PROGRAM_CAUSES = ("ok", "empty", "no_code", "syntax_error", "no_submission")
+PROGRAM_CAUSES = ("ok", "empty", "no_code", "syntax_error", "no_submission", "episode_error")
 ACTIONS = ("info", "validate", "submit")
 
 _PYTHON_TAG = re.compile(r"(?:python|py)(?:\d[\d.]*)?", re.IGNORECASE)
@@ -209,7 +211,7 @@ def cause_counts(parses: Iterable[ProgramParse]) -> dict[str, int]:
 
     Example:
         >>> cause_counts([find_program("x = 1"), find_program("hello there")])
-        {'empty': 0, 'no_code': 1, 'syntax_error': 0, 'no_submission': 0}
+        {'empty': 0, 'no_code': 1, 'syntax_error': 0, 'no_submission': 0, 'episode_error': 0}
     """
     counts = collections.Counter(p.cause for p in parses)
     return {cause: counts[cause] for cause in PROGRAM_CAUSES if cause != "ok"}

@@ -40,13 +40,15 @@ import threading
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from wmrl_jax.prompt_text import valid_text
 from wmrl_jax.sandbox.files import input_files
 
 TOOLS = ("info", "validate")
 # Where the ids of the test rows are looked for in the sample, in this order.
 ID_FILES = ("sample_submission.csv", "test.csv")
 
-INFO_PROGRAM = r"""import csv, os
+INFO_PROGRAM = r"""import csv, os, sys
+sys.stdout.reconfigure(errors="backslashreplace")  # a file name that is not UTF-8
 root = os.environ["WMRL_INPUT_DIR"]
 MAX_FILES, MAX_CSV, MAX_COLUMNS, HEAD, SCAN = 40, 8, 40, 3, 2000
 csv.field_size_limit(1 << 24)
@@ -96,7 +98,8 @@ class ToolResult(NamedTuple):
     Attributes:
       name: the tool ("info" or "validate").
       status: the run's `ExecutionResult.status` ("ok", "error", "timeout", ...).
-      text: what the environment says back (not yet cut to any budget).
+      text: what the environment says back (not yet cut to any budget), valid text
+        (`wmrl_jax.prompt_text.valid_text`: a file name that is not UTF-8 is escaped).
       seconds: sandbox wall seconds of the call (0 when nothing ran).
     """
 
@@ -104,6 +107,10 @@ class ToolResult(NamedTuple):
     status: str
     text: str
     seconds: float
+
+
+def _infra_error(name: str, error: Exception) -> ToolResult:
+    return ToolResult(name, "infra_error", valid_text(f"{type(error).__name__}: {error}"), 0.0)
 
 
 def _tail(text: str, limit: int) -> str:
@@ -269,14 +276,15 @@ class ToolBox:
                     source, input_dir=sample_dir, timeout_s=self.validate_timeout_s
                 )
         except Exception as e:  # the sandbox could not take it: an answer, not a crash
-            outer.set_result(ToolResult(name, "infra_error", f"{type(e).__name__}: {e}", 0.0))
+            outer.set_result(_infra_error(name, e))
             return outer
 
         def finish(done: concurrent.futures.Future) -> None:
             try:
-                outer.set_result(self._answer(task, name, done.result(), ids))
+                answer = self._answer(task, name, done.result(), ids)
+                outer.set_result(answer._replace(text=valid_text(answer.text)))
             except Exception as e:  # an executor bug must not escape as a crash
-                outer.set_result(ToolResult(name, "infra_error", f"{type(e).__name__}: {e}", 0.0))
+                outer.set_result(_infra_error(name, e))
 
         inner.add_done_callback(finish)
         return outer

@@ -1,16 +1,17 @@
 """Turning a world model's free-text answer into a prediction with a variance.
 
 An answer is parsed, never trusted: the last JSON object in the text that
-holds the answer keys wins (reasoning and drafts before it are ignored),
-numbers are clamped to [0, 1], and anything unusable becomes a prediction
-with NaN mean and infinite variance, which the reward correction treats as
-"no prediction" instead of crashing. Why an answer is unusable is its status
-(`FAILURE_STATUSES`), counted over a batch by `failure_counts`:
+holds the answer keys and is not quoted (below) wins (reasoning and drafts
+before it are ignored), numbers are clamped to [0, 1], and anything unusable
+becomes a prediction with NaN mean and infinite variance, which the reward
+correction treats as "no prediction" instead of crashing. Why an answer is
+unusable is its status (`FAILURE_STATUSES`), counted over a batch by
+`failure_counts`:
 
 * "no_json": no object at all (prose only);
 * "truncated": no complete answer, and the text ends inside an object (an
   opening brace after the last closing one: the token budget cut it);
-* "missing_keys": objects, none with both answer keys;
+* "missing_keys": objects, none with both answer keys outside a quote;
 * "bad_value": the answer object's values are not numbers (text, booleans,
   NaN, infinities, numbers too large for a float).
 
@@ -32,7 +33,18 @@ Nothing else is guessed (no key synonyms, no "key: value" lines outside
 braces): a wrong guess would feed the reward correction a number the model
 did not mean.
 
+Quotes. An object inside a fenced code block is quoted (the world model
+echoing the judged program, which may print an answer-shaped JSON of its
+own) and never the answer, unless the block holds nothing but one object
+(its stripped body starts with ``{`` and ends with ``}``): that is the answer
+written in a ```` ```json ```` fence. Fences are read as
+`wmrl_jax.agents.programs` reads them: a run of three or more backticks or
+tildes at a line start opens a block, a line holding only a run of the same
+character at least as long closes it, a block left open runs to the end of
+the text, and a backtick opener with a Python tag may end a line of prose.
+
 The search takes time linear in the text's length, whatever the text: the
+fences are found by one scan whose pattern cannot backtrack across a line, the
 candidates are (a) every brace-free `{...}` span (disjoint, found by one
 regular-expression scan) and (b) the objects starting at the last
 `MAX_TAIL_STARTS` opening braces, each decoded from a window of at most
@@ -51,6 +63,7 @@ sampled answers combine by the law of total variance (`combine`).
 from __future__ import annotations
 
 import ast
+import bisect
 import collections
 import dataclasses
 import json
@@ -68,13 +81,24 @@ FAILURE_STATUSES = STATUSES[1:]
 # Integers as floats: a 5000-digit integer is then infinite (unusable), not a ValueError.
 _DECODER = json.JSONDecoder(parse_int=float)
 _FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
+# A fence line (module docstring); no quantifier crosses a line end.
+_FENCE = re.compile(
+    r"^[ \t]*(?P<run>`{3,}|~{3,})(?P<info>[^\n]*)$"
+    r"|(?P<mid>```)(?:python|py)(?:\d[\d.]*)?[ \t]*\r?$",
+    re.MULTILINE | re.IGNORECASE,
+)
 # Bounds of the nested-object search (b); an answer object is a few hundred characters.
 MAX_TAIL_STARTS = 64
 MAX_OBJECT_CHARS = 1 << 16
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_NUMBER_TEXT = re.compile(rf"\s*({_NUMBER})\s*(%?)\s*")
+# Numbers and the patterns around them are deterministic: wherever a quantifier may stop
+# or go on, the characters it repeats and those that may follow are disjoint, so no
+# text can be split two ways and a failed match backs off one character at a time
+# (linear). `\d+\.?\d*` was not: a run of n digits splits n ways, quadratic when the
+# match fails after it (20,000 digits then took 50 s).
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_NUMBER_TEXT = re.compile(rf"\s*({_NUMBER})\s*(?:(%)\s*)?")
 # One token of a lenient object, matched anchored at a position. Each alternative
-# starts with a distinct character class and its repetitions are unambiguous, so
+# starts with a distinct character class and is deterministic (as `_NUMBER`), so
 # a match costs at most the token's length.
 _TOKEN = re.compile(
     rf"""\s*(?:
@@ -221,6 +245,34 @@ def _objects(text: str) -> list[tuple[int, dict]]:
     return found
 
 
+def _quoted(text: str) -> list[tuple[int, int]]:
+    """(start, end) of the bodies of the fenced blocks that quote (module docstring)."""
+    bodies, opener = [], None  # opener: (fence character, run length, body start)
+    for m in _FENCE.finditer(text):
+        start = min(m.end() + 1, len(text))
+        if opener is None:
+            if m["mid"]:
+                opener = ("`", 3, start)
+            elif not (m["run"][0] == "`" and "`" in m["info"]):  # not inline ```x```
+                opener = (m["run"][0], len(m["run"]), start)
+        elif (
+            m["run"]
+            and m["run"][0] == opener[0]
+            and len(m["run"]) >= opener[1]
+            and not m["info"].strip()
+        ):
+            bodies.append((opener[2], m.start()))
+            opener = None
+    if opener is not None:
+        bodies.append((opener[2], len(text)))
+    quoted = []
+    for start, end in bodies:
+        body = text[start:end].strip()
+        if not (body.startswith("{") and body.endswith("}")):
+            quoted.append((start, end))
+    return quoted
+
+
 def parse_wm_answer(text: str, *, invalid_reward: float = 0.0) -> WMPrediction:
     """Parses one WM answer (see the module docstring).
 
@@ -238,7 +290,18 @@ def parse_wm_answer(text: str, *, invalid_reward: float = 0.0) -> WMPrediction:
       (0.8, 0.0, 'ok')
     """
     objects = _objects(text)
-    answers = [(start, o) for start, o in objects if all(k in o for k in ANSWER_KEYS)]
+    quoted = _quoted(text)
+    starts = [start for start, _ in quoted]
+
+    def is_quoted(position: int) -> bool:
+        j = bisect.bisect_right(starts, position) - 1
+        return j >= 0 and position < quoted[j][1]
+
+    answers = [
+        (start, o)
+        for start, o in objects
+        if all(k in o for k in ANSWER_KEYS) and not is_quoted(start)
+    ]
     if not answers:
         if text.rfind("{") > text.rfind("}"):
             return _unusable("truncated", text)

@@ -9,6 +9,13 @@ which files it names. It answers with reasoning, then one JSON object:
     {"valid_probability": <0..1>, "percentile": <0..1>}
 
 `wmrl_jax.worldmodel.parsing` turns that answer into a prediction.
+
+Programs and an episode's transcript are written by the policy and what it
+ran; each enters the prompt as valid text in a code block fenced longer than
+any backtick run inside it (`wmrl_jax.prompt_text.code_block`), so that under
+CommonMark nothing in it can close its block and stand as a line of the
+prompt's own (a section header, an example's outcome). The task description
+and data report come from the task and are shown as they are.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+
+from wmrl_jax.prompt_text import code_block, valid_text
 
 ANSWER_KEYS = ("valid_probability", "percentile")
 MASK = "<file>"
@@ -89,8 +98,8 @@ def render_wm_prompt(
         than this are truncated, with a note saying so.
       max_context_chars: the same for the description and the data report.
       transcript: what happened in a multi-turn episode before the program was
-        submitted (`wmrl_jax.agents.episodes.render_transcript`), shown as is
-        (the caller fits it to its budget); None for a single-turn sample.
+        submitted (`wmrl_jax.agents.episodes.render_transcript`), shown in a code
+        block (the caller fits it to its budget); None for a single-turn sample.
 
     Returns:
       Chat messages (system, user) for a chat template
@@ -110,14 +119,14 @@ def render_wm_prompt(
             if anchor.valid
             else "no valid submission"
         )
-        code = _truncate(mask_file_names(anchor.program).rstrip(), max_program_chars)
-        parts += [f"# Executed example {i} (outcome: {outcome})", f"```python\n{code}\n```"]
+        code = _truncate(mask_file_names(valid_text(anchor.program)).rstrip(), max_program_chars)
+        parts += [f"# Executed example {i} (outcome: {outcome})", code_block(code, "python")]
     if transcript:
-        parts += ["# The episode before the submission", transcript.strip()]
-    code = _truncate(mask_file_names(program).rstrip(), max_program_chars)
+        parts += ["# The episode before the submission", code_block(valid_text(transcript.strip()))]
+    code = _truncate(mask_file_names(valid_text(program)).rstrip(), max_program_chars)
     parts += [
         "# Program to judge",
-        f"```python\n{code}\n```",
+        code_block(code, "python"),
         "Predict the outcome of running this program. End with one JSON object with the "
         f"keys {', '.join(repr(k) for k in ANSWER_KEYS)}.",
     ]

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from wmrl_jax.agents.episodes import middle_cut
+from wmrl_jax.agents.episodes import cut_transcript, middle_cut
+from wmrl_jax.prompt_text import break_control_tokens, valid_text
 from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
 
 SOLVER_SYSTEM = (
@@ -58,10 +59,17 @@ def chat_ids(tokenizer, messages: Messages, template_kwargs: dict | None = None)
     """Token ids of `messages` under the chat template, with the assistant header.
 
     As `models.render_chat` (prompt only), plus template options such as Qwen3's
-    `enable_thinking`; one tokenisation per prompt.
+    `enable_thinking`; one tokenisation per prompt. The messages' contents hold
+    untrusted text (programs, tool answers): it is made valid text and its
+    control-token strings are broken (`wmrl_jax.prompt_text`), so that it cannot
+    crash the tokenizer nor end its chat turn.
     """
+    added = tokenizer.get_added_vocab()
+    messages = [
+        {**m, "content": break_control_tokens(valid_text(m["content"]), added)} for m in messages
+    ]
     text = tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
+        messages, tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
     )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -175,7 +183,7 @@ def fit_wm_prompt(
     if len(ids) > limit and transcript:
 
         def cut(keep):
-            history = transcript if keep is None else middle_cut(transcript, keep)
+            history = transcript if keep is None else cut_transcript(transcript, keep)
             return build(None, [], history=history)
 
         fitted = fit_ids(encode, cut, len(transcript), limit)
