@@ -12,6 +12,8 @@ _DEV = [
     "nbclient>=0.10",
     "ipykernel>=6",
     "ruff>=0.6",
+    # Tests read prompts as a Markdown parser would (the prompt-injection tests).
+    "markdown-it-py>=3",
 ]
 
 setuptools.setup(
