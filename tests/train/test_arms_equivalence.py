@@ -89,7 +89,6 @@ def _study_fed(arm, config, steps):
     )  # fmt: skip
     state = correction.init()
     mem_sum = mem_count = jnp.zeros((TASKS, K))
-    masked = not arm.world_model and arm.executes != "all"
     out = []
     # Jitted, as the study runs it (eager and jitted float32 may differ in the last bit).
     fed_rewards = jax.jit(functools.partial(controlled._fed_rewards, arm, correction))
@@ -97,8 +96,9 @@ def _study_fed(arm, config, steps):
         carry = types.SimpleNamespace(mem_sum=mem_sum, mem_count=mem_count)
         anchor = jnp.broadcast_to(jnp.asarray(groups)[:, None], (B, G))
         rows = controlled._row_extras(arm, carry, tasks, actions, jnp.asarray(weights), G)
-        fed, _, state = fed_rewards(state, jnp.asarray(pred), jnp.asarray(real), anchor, rows)
-        valid = anchor if masked else jnp.ones((B, G), bool)
+        fed, valid, _, state = fed_rewards(
+            state, jnp.asarray(pred), jnp.asarray(real), anchor, rows
+        )
         out.append((np.asarray(fed).reshape(-1), np.asarray(valid).reshape(-1)))
         at = (tasks[:, None], actions)
         mem_sum = mem_sum.at[at].add(jnp.where(anchor, real, 0.0))

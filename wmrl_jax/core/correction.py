@@ -120,6 +120,17 @@ def _check_settings(
         raise ValueError("local_features must be >= 0 and local_prior_count > 0")
 
 
+def usable_predictions(pred_mean, pred_var) -> jax.Array:
+    """bool of the shape of `pred_mean`: predictions the correction can use.
+
+    A prediction that could not be made is one of infinite (or NaN) variance,
+    whatever its mean (an agent may return a finite placeholder mean), or one
+    whose mean is not finite.
+    """
+    pred_var = jnp.asarray(pred_var, jnp.float32)
+    return jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
+
+
 def _diagnostics(state: CorrectionState, rows: pieces.Rows) -> dict[str, jax.Array]:
     """Float32 scalars describing one update; `state` is the updated one."""
     anchors, real, prior = rows.anchors, rows.real, rows.wm_prior
@@ -169,6 +180,77 @@ def chain(*chained: pieces.CorrectionPiece) -> tuple[Callable, Callable]:
         return rows, CorrectionState(**fields, step=state.step + 1)
 
     return init, update
+
+
+def step_rows(
+    pred_mean, pred_var, real, anchor_mask, *, real_replicate=None, known_real=None,
+    known_count=None, task=None, features=None, anchor_weight=None, local: bool = False,
+    local_features: int = 0,
+) -> pieces.Rows:  # fmt: skip
+    """The chain's input `Rows` for one step: the update's arguments, checked and filled in.
+
+    `update(state, ...)` takes the same arguments after the state and returns
+    `(rewards, new_state, diagnostics)`: corrected rewards r* of shape [N]
+    (float32, finite), and a dict of float32 scalars.
+
+    Args:
+      pred_mean: WM predictions r̂ of shape [N] (NaN: unparseable).
+      pred_var: WM predictive variances of shape [N] (inf or NaN:
+        unparseable; the values are read with wm_var="per_sample").
+      real: real rewards r of shape [N] (NaN or anything where not run).
+      anchor_mask: bool of shape [N], samples that were executed.
+      real_replicate: optional second real score of shape [N] (NaN where
+        absent); pairs estimate σ²_real and the mean is used as `r`.
+      known_real: optional anchor memory of shape [N]: the mean real reward
+        of the sample's program from earlier executions (NaN where never
+        executed). Used for samples not executed this step, as a real
+        score of variance σ²_real / `known_count`; never appended to the
+        map's buffer (that pair was appended when it was executed).
+      known_count: executions behind `known_real`, shape [N].
+      task: int task ids of shape [N] (needed with `local`); stored with
+        the anchors.
+      features: int program features of shape [N, local_features] (local
+        correction; default: none, i.e. same task is near).
+      local: whether the chain has the local correction (then `task` is needed).
+      local_features: F.
+      anchor_weight: optional weights of this step's anchor pairs in the
+        map's fit, shape [N]: 1/π for anchors drawn with inclusion
+        probability π (`wmrl_jax.core.anchors.ipw_weights`); default 1.
+
+    Raises:
+      ValueError: if `pred_mean` is not of rank 1 or the other arrays do
+        not have its shape.
+    """
+    pred_mean = jnp.asarray(pred_mean, jnp.float32)
+    _check_update_shapes(
+        pred_mean, pred_var, real, anchor_mask, real_replicate=real_replicate,
+        known_real=known_real, known_count=known_count, task=task, anchor_weight=anchor_weight,
+    )  # fmt: skip
+    n, width = pred_mean.shape[0], max(local_features, 1)
+    if local and task is None:
+        raise ValueError("correction update: the local correction needs `task` ids")
+    task_ids = jnp.zeros(n, jnp.int32) if task is None else jnp.asarray(task, jnp.int32)
+    if features is None:
+        feats = jnp.zeros((n, width), jnp.int32)
+    else:
+        feats = jnp.asarray(features, jnp.int32)
+        if feats.shape != (n, local_features) or local_features == 0:
+            raise ValueError(
+                f"correction update: `features` must have shape [N, {local_features}] "
+                f"(local_features), got {feats.shape}"
+            )
+    weight = jnp.ones(n) if anchor_weight is None else jnp.asarray(anchor_weight)
+    pred_var = jnp.asarray(pred_var, jnp.float32)
+    execution = jnp.asarray(real, jnp.float32)  # one execution (a replicate pair: later)
+    usable = usable_predictions(pred_mean, pred_var)
+    has_real = jnp.asarray(anchor_mask, bool) & jnp.isfinite(execution)
+    return pieces.Rows(
+        pred=pred_mean, pred_var=pred_var, execution=execution, has_real=has_real,
+        usable=usable, anchors=has_real & usable, replicate=real_replicate,
+        known_real=known_real, known_count=known_count, task=task_ids, feat=feats,
+        weight=weight.astype(jnp.float32), map_before=_identity, map_after=_identity,
+        wm_prior=pred_mean, wm_unseen=pred_mean, wm=pred_mean,
+    )  # fmt: skip
 
 
 def _identity(pred):
@@ -265,88 +347,11 @@ def make_reward_correction(
         has_map = jnp.sum(state.valid) >= min_anchors
         return pieces.debiased(state.fit, has_map, pred_mean, backend=backend)
 
-    def row_inputs(n, task, features, anchor_weight):
-        """Task ids [N], features [N, width] and anchor weights [N], defaults filled in."""
-        if local and task is None:
-            raise ValueError("correction update: the local correction needs `task` ids")
-        task_ids = jnp.zeros(n, jnp.int32) if task is None else jnp.asarray(task, jnp.int32)
-        if features is None:
-            feats = jnp.zeros((n, width), jnp.int32)
-        else:
-            feats = jnp.asarray(features, jnp.int32)
-            if feats.shape != (n, local_features) or local_features == 0:
-                raise ValueError(
-                    f"correction update: `features` must have shape [N, {local_features}] "
-                    f"(local_features), got {feats.shape}"
-                )
-        weight = jnp.ones(n) if anchor_weight is None else jnp.asarray(anchor_weight)
-        return task_ids, feats, weight.astype(jnp.float32)
-
-    def update(
-        state,
-        pred_mean,
-        pred_var,
-        real,
-        anchor_mask,
-        *,
-        real_replicate=None,
-        known_real=None,
-        known_count=None,
-        task=None,
-        features=None,
-        anchor_weight=None,
-    ):
-        """Corrects one step's rewards.
-
-        Args:
-          state: a `CorrectionState`.
-          pred_mean: WM predictions r̂ of shape [N] (NaN: unparseable).
-          pred_var: WM predictive variances of shape [N] (inf or NaN:
-            unparseable; the values are read with wm_var="per_sample").
-          real: real rewards r of shape [N] (NaN or anything where not run).
-          anchor_mask: bool of shape [N], samples that were executed.
-          real_replicate: optional second real score of shape [N] (NaN where
-            absent); pairs estimate σ²_real and the mean is used as `r`.
-          known_real: optional anchor memory of shape [N]: the mean real reward
-            of the sample's program from earlier executions (NaN where never
-            executed). Used for samples not executed this step, as a real
-            score of variance σ²_real / `known_count`; never appended to the
-            map's buffer (that pair was appended when it was executed).
-          known_count: executions behind `known_real`, shape [N].
-          task: int task ids of shape [N] (needed with `local`); stored with
-            the anchors.
-          features: int program features of shape [N, local_features] (local
-            correction; default: none, i.e. same task is near).
-          anchor_weight: optional weights of this step's anchor pairs in the
-            map's fit, shape [N]: 1/π for anchors drawn with inclusion
-            probability π (`wmrl_jax.core.anchors.ipw_weights`); default 1.
-
-        Returns:
-          `(rewards, new_state, diagnostics)`: corrected rewards r* of shape
-          [N] (float32, finite), and a dict of float32 scalars.
-
-        Raises:
-          ValueError: if `pred_mean` is not of rank 1 or the other arrays do
-            not have its shape.
-        """
-        pred_mean = jnp.asarray(pred_mean, jnp.float32)
-        _check_update_shapes(
-            pred_mean, pred_var, real, anchor_mask, real_replicate=real_replicate,
-            known_real=known_real, known_count=known_count, task=task,
-            anchor_weight=anchor_weight,
-        )  # fmt: skip
-        task_ids, feats, weight = row_inputs(pred_mean.shape[0], task, features, anchor_weight)
-        pred_var = jnp.asarray(pred_var, jnp.float32)
-        execution = jnp.asarray(real, jnp.float32)  # one execution (a replicate pair: below)
-        usable = jnp.isfinite(pred_mean) & ~(pred_var == jnp.inf) & ~jnp.isnan(pred_var)
-        has_real = jnp.asarray(anchor_mask, bool) & jnp.isfinite(execution)
-        rows = pieces.Rows(
-            pred=pred_mean, pred_var=pred_var, execution=execution, has_real=has_real,
-            usable=usable, anchors=has_real & usable, replicate=real_replicate,
-            known_real=known_real, known_count=known_count, task=task_ids, feat=feats,
-            weight=weight, map_before=_identity, map_after=_identity,
-            wm_prior=pred_mean, wm_unseen=pred_mean, wm=pred_mean,
-        )  # fmt: skip
+    def update(state, pred_mean, pred_var, real, anchor_mask, **extras):
+        """`(rewards [N], new_state, diagnostics)` of one step; the arguments after the
+        state are `step_rows`'s (ValueError on bad shapes)."""
+        rows = step_rows(pred_mean, pred_var, real, anchor_mask, local=local,
+                         local_features=local_features, **extras)  # fmt: skip
         rows, new_state = run(state, rows)
         return rows.rewards, new_state, _diagnostics(new_state, rows)
 
