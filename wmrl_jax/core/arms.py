@@ -60,7 +60,11 @@ import jax.numpy as jnp
 
 from wmrl_jax.core import anchors
 from wmrl_jax.core import rho as rho_lib
-from wmrl_jax.core.correction import RewardCorrection, make_reward_correction
+from wmrl_jax.core.correction import (
+    RewardCorrection,
+    make_reward_correction,
+    usable_predictions,
+)
 
 EXECUTES = ("all", "anchors", "none")
 # "random": uniform; "uncertain": the largest mean WM variance first (deterministic,
@@ -287,8 +291,9 @@ def fed_rewards(
 
     A WM-free arm is fed the real scores of its executed rows (a replicate
     pair's mean, as the fusion takes it), the others masked. A WM arm's rows
-    go through its reward correction; a row whose prediction is unusable is
-    masked unless a real score stands in for it.
+    go through its reward correction; a row whose prediction is unusable
+    (`correction.usable_predictions`: infinite or NaN variance, or no finite
+    mean) is masked unless a real score of its own stands in for it.
 
     Args:
       arm: the arm (static).
@@ -312,5 +317,8 @@ def fed_rewards(
     rewards, state, diagnostics = correction.update(
         state, pred_mean, pred_var, real, executed, real_replicate=real_replicate, **rows
     )
-    valid = jnp.isfinite(jnp.asarray(pred_mean)) | (executed & arm.use_real)
+    # An unusable prediction (infinite variance, or no finite mean) is no reward: the
+    # row is masked, unless a real score of its own stands in.
+    usable = usable_predictions(jnp.asarray(pred_mean, jnp.float32), pred_var)
+    valid = usable | (executed & jnp.isfinite(real) & arm.use_real)
     return FedRewards(rewards, valid, state, diagnostics)
