@@ -283,6 +283,23 @@ class FedRewards(NamedTuple):
     diagnostics: dict
 
 
+def real_rewards(real, executed, real_replicate=None) -> tuple[jax.Array, jax.Array]:
+    """`(rewards, valid)` of shape [N] of an arm without a world model: the real scores of
+    executed rows (a replicate pair's mean, as the fusion takes it), 0 and invalid elsewhere.
+
+    Args:
+      real: real rewards of shape [N] (NaN where not executed).
+      executed: bool of shape [N].
+      real_replicate: optional second real score of shape [N] (NaN where none).
+    """
+    real = jnp.asarray(real, jnp.float32)
+    executed = jnp.asarray(executed, bool)
+    if real_replicate is not None:
+        replicate = jnp.asarray(real_replicate, jnp.float32)
+        real = jnp.where(jnp.isfinite(replicate), 0.5 * (real + replicate), real)
+    return jnp.where(executed, real, 0.0), executed
+
+
 def fed_rewards(
     arm: Arm, correction: RewardCorrection, state, pred_mean, pred_var, real, executed, *,
     real_replicate=None, **rows,
@@ -310,10 +327,7 @@ def fed_rewards(
     real = jnp.asarray(real, jnp.float32)
     executed = jnp.asarray(executed, bool)
     if not arm.world_model:
-        if real_replicate is not None:
-            replicate = jnp.asarray(real_replicate, jnp.float32)
-            real = jnp.where(jnp.isfinite(replicate), 0.5 * (real + replicate), real)
-        return FedRewards(jnp.where(executed, real, 0.0), executed, state, {})
+        return FedRewards(*real_rewards(real, executed, real_replicate), state, {})
     rewards, state, diagnostics = correction.update(
         state, pred_mean, pred_var, real, executed, real_replicate=real_replicate, **rows
     )

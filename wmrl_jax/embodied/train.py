@@ -247,7 +247,9 @@ def run_arm(
         wm_seconds = time.perf_counter() - t0 if arm_spec.world_model else 0.0
 
         t0 = time.perf_counter()
-        advantages = grpo_step.episode_advantages(rewards, g, mask=valid)
+        # Unmasked where every episode is valid: the group statistics of the unmasked path.
+        mask = None if valid.all() else valid
+        advantages = grpo_step.episode_advantages(rewards, g, mask=mask)
         batch = grpo_step.GrpoBatch(ep.obs, ep.actions, ep.logp, ep.mask, advantages)
         params, opt_state, _ = update(params, opt_state, batch)
         jax.block_until_ready(params)
