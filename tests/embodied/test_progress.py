@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from wmrl_jax.core import arms as core_arms
 from wmrl_jax.embodied import arms, progress
 
 
@@ -48,12 +49,18 @@ def test_arms_table():
     real, anchors, naive, wmrl = (
         arms.ARMS[a] for a in ("real", "anchors_only", "wm_naive", "wmrl")
     )
-    assert (real.executed_groups(10, rho=0.1), real.predicted_groups(10, rho=0.1)) == (10, 0)
-    assert (anchors.executed_groups(10, rho=0.1), anchors.predicted_groups(10, rho=0.1)) == (1, 0)
-    assert (naive.executed_groups(10, rho=0.1), naive.predicted_groups(10, rho=0.1)) == (0, 10)
-    assert (wmrl.executed_groups(10, rho=0.1), wmrl.predicted_groups(10, rho=0.1)) == (1, 9)
-    assert wmrl.executed_groups(4, rho=0.1) == 1  # At least one anchor group.
-    assert wmrl.executed_groups(10, rho=0.25) == 3
-    assert wmrl.correct and wmrl.wm_online and not naive.wm_online
+    counts = lambda arm, b, rho: (
+        arms.executed_groups(arm, b, rho=rho), arms.predicted_groups(arm, b, rho=rho)
+    )  # fmt: skip
+    assert counts(real, 10, 0.1) == (10, 0)
+    assert counts(anchors, 10, 0.1) == (1, 0)
+    assert counts(naive, 10, 0.1) == (0, 10)
+    assert counts(wmrl, 10, 0.1) == (1, 9)
+    assert counts(wmrl, 4, 0.1) == (1, 3)  # At least one anchor group.
+    # The trainer's rounding (2.5 to even), not the ceiling embodied used to take (3).
+    assert counts(wmrl, 10, 0.25) == (2, 8)
+    assert counts(wmrl, 10, 0.25)[0] == wmrl.num_anchor_groups(10, 0.25)
+    assert arms.replicates(wmrl) and arms.learns_online(wmrl) and not arms.learns_online(naive)
+    assert arms.ARMS["wm_debias"] is core_arms.ARMS["wm_debias"]  # the shared table's rows
     with pytest.raises(ValueError, match="unknown arm"):
-        arms.get_arm("wm_debias")
+        arms.get_arm("wmrl_memory")

@@ -72,3 +72,26 @@ def test_adaptive_rho_chooses_and_then_measures_out_of_sample():
     np.testing.assert_allclose(record.debiased, mean)  # Before the map saw an anchor.
     assert record.valid.all() and np.isfinite(record.rewards).all()
     assert record.correction  # The correction's diagnostics.
+
+
+@pytest.mark.parametrize("arm", ["wm_naive", "wmrl", "wmrl_memory"])
+def test_forced_prediction_failures_are_masked_out_of_the_update(arm):
+    """The recipe agent's readout for a prediction it could not make: a finite mean and an
+    infinite variance. Such rows are masked (not fed 0.0 or the buffer mean)."""
+    remembered = lambda tasks, programs, g: (np.full(8, np.nan), np.zeros(8))
+    config = override(tiny_cpu.get_config("runlocal"), arm=arm)
+    rewarder = Rewarder(config, arms.get(arm), builder.make_correction(config),
+                        remembered=remembered)  # fmt: skip
+    extra, record = rewarder.init(), _record()
+    record.anchor_groups = np.array([arms.get(arm).executes != "none", False])
+    record.anchor_weights = record.anchor_groups.astype(np.float32)
+    var = np.full(8, 0.01, np.float32)
+    var[[0, 4, 5, 6, 7]] = np.inf  # forced failures; row 0 in the anchor group
+    record.wm = WMOutput(np.full(8, 0.5, np.float32), var, 0, 5)
+    record.executed = np.repeat(record.anchor_groups, G)
+    record.real = np.where(record.executed, 0.7, np.nan).astype(np.float32)
+    record.partner = np.full(8, np.nan, np.float32)
+    rewarder.correct(record, extra)
+    executed = bool(record.anchor_groups[0])
+    want = [executed and arm != "wm_naive", 1, 1, 1, 0, 0, 0, 0]
+    np.testing.assert_array_equal(record.valid, want)

@@ -221,14 +221,29 @@ def wm_variance(
     resid_var = fusion.ema_variance(resid_stats)
     sigma2_wm = jnp.maximum(resid_var - sigma2_real, min_wm_var)
     if per_sample:
-        scale = pred_var / jnp.maximum(pred_var_stats.mean, 1e-12)
-        # Floored per sample too: a WM that claims certainty (variance 0)
-        # must not be trusted as exact.
-        scaled = sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0)
-        # Before σ²_wm is estimated (inf) every row's error is unknown, whatever its
-        # own variance: inf, not inf x 0 = NaN for a WM that claims certainty.
-        var_wm = jnp.where(jnp.isinf(sigma2_wm), jnp.inf, jnp.maximum(scaled, min_wm_var))
+        var_wm = per_sample_scale(sigma2_wm, pred_var, pred_var_stats.mean, min_wm_var=min_wm_var)
     else:
         var_wm = jnp.broadcast_to(sigma2_wm, pred_var.shape)
     var_wm = jnp.where(usable_pred, var_wm, jnp.inf)
     return WmVariance(var_wm, sigma2_wm, resid_var, resid_stats, pred_var_stats)
+
+
+def per_sample_scale(sigma2_wm, pred_var, pred_var_mean, *, min_wm_var) -> jax.Array:
+    """σ²_wm per row, `σ²_wm · var̂_i / E_anchors[var̂]`, floored at `min_wm_var`.
+
+    Args:
+      sigma2_wm: the scalar σ²_wm (inf while unknown).
+      pred_var: the WM's own variances of shape [N].
+      pred_var_mean: their decayed mean on anchors (scalar).
+      min_wm_var: the floor.
+
+    Returns:
+      float32 of shape [N]; inf everywhere while σ²_wm is unknown.
+    """
+    scale = pred_var / jnp.maximum(pred_var_mean, 1e-12)
+    # Floored per sample too: a WM that claims certainty (variance 0) must not be
+    # trusted as exact.
+    scaled = sigma2_wm * jnp.where(jnp.isfinite(scale), scale, 1.0)
+    # Before σ²_wm is estimated (inf) every row's error is unknown, whatever its own
+    # variance: inf, not inf x 0 = NaN for a WM that claims certainty.
+    return jnp.where(jnp.isinf(sigma2_wm), jnp.inf, jnp.maximum(scaled, min_wm_var))

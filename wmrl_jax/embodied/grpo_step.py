@@ -51,8 +51,14 @@ class GrpoBatch(NamedTuple):
     advantages: jax.Array
 
 
-def episode_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+def episode_advantages(rewards: jax.Array, group_size: int, *, mask=None) -> jax.Array:
     """GRPO advantages of rewards of shape [N] laid out as consecutive groups of G.
+
+    Args:
+      rewards: float [N].
+      group_size: G.
+      mask: optional bool [N], the episodes with a usable reward (the others get 0
+        and do not enter their group's statistics); all when None.
 
     Returns:
       Float32 advantages of shape [N].
@@ -63,7 +69,10 @@ def episode_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
             f"rewards must be [N] with N a multiple of {group_size}, got {rewards.shape}"
         )
     groups = rewards.reshape(-1, group_size)
-    return jax.vmap(grpo.group_advantages)(groups).reshape(-1)
+    if mask is None:
+        return jax.vmap(grpo.group_advantages)(groups).reshape(-1)
+    valid = jnp.asarray(mask, bool).reshape(-1, group_size)
+    return jax.vmap(lambda r, m: grpo.group_advantages(r, mask=m))(groups, valid).reshape(-1)
 
 
 def make_grpo_update(

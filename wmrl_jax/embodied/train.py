@@ -26,7 +26,7 @@ import jax
 import numpy as np
 import optax
 
-from wmrl_jax.core.correction import make_reward_correction
+from wmrl_jax.core import arms as core_arms
 from wmrl_jax.core.stats import group_rank_correlation
 from wmrl_jax.embodied import arms as arms_lib
 from wmrl_jax.embodied import envs as envs_lib
@@ -64,16 +64,18 @@ def _policy_update(learning_rate: float, horizon: int, epochs: int, clip: float)
 
 
 @functools.cache
-def _correction(capacity, decay, real_var_prior, real_var_prior_count, min_anchors) -> tuple:
-    """`make_reward_correction`'s init and jitted update, shared by runs with the same settings."""
-    correction = make_reward_correction(
+def _fed_rewards(arm, capacity, decay, real_var_prior, real_var_prior_count, min_anchors) -> tuple:
+    """The arm's correction's init and its jitted `core.arms.fed_rewards`, shared by runs
+    with the same settings."""
+    correction = core_arms.correction_for(
+        arm,
         capacity=capacity,
         decay=decay,
         real_var_prior=real_var_prior,
         real_var_prior_count=real_var_prior_count,
         min_anchors=min_anchors,
     )
-    return correction.init, jax.jit(correction.update)
+    return correction.init, jax.jit(functools.partial(core_arms.fed_rewards, arm, correction))
 
 
 def _scripted_policy(obs_dim: int, act_dim: int, scale: float) -> policy_lib.PolicyParams:
@@ -149,10 +151,10 @@ def run_arm(
     if make_env is None:
         make_env = functools.partial(envs_lib.GymnasiumEpisodes, tasks.get_task(config.task))
     b, g, k = config.num_groups, config.group_size, config.prefix_len
-    n_exec = arm_spec.executed_groups(b, rho=config.rho)
-    n_pred = arm_spec.predicted_groups(b, rho=config.rho)
+    n_exec = arms_lib.executed_groups(arm_spec, b, rho=config.rho)
+    n_pred = arms_lib.predicted_groups(arm_spec, b, rho=config.rho)
     n_groups = n_exec + n_pred
-    n_reps = config.replicates_per_group * n_exec if arm_spec.replicates else 0
+    n_reps = config.replicates_per_group * n_exec if arms_lib.replicates(arm_spec) else 0
     n = n_groups * g
     key = jax.random.key(seed)
     key, init_key, wm_key, warm_key = jax.random.split(key, 4)
@@ -176,7 +178,7 @@ def run_arm(
     eval_sampler = rollout.make_sampler(obs_scale, deterministic=True)
     ledger = SimLedger()
 
-    if arm_spec.uses_wm and world_model is None:
+    if arm_spec.world_model and world_model is None:
         t0 = time.perf_counter()
         model = progress.make_progress_model(
             feature_dim=env.obs_dim + 1,
@@ -189,18 +191,17 @@ def run_arm(
             progress.ProgressBuffer.create(capacity=config.wm.buffer, feature_dim=env.obs_dim + 1),
             horizon=h,
             fit_steps=config.wm.fit_steps,
-            online=arm_spec.wm_online,
+            online=arms_lib.learns_online(arm_spec),
         )
         warm = _warm_start(config, make_env, world_model, warm_key)
         ledger = ledger.add(
             SimLedger(sim_steps=warm, warm_start_steps=warm, wm_seconds=time.perf_counter() - t0)
         )
-    if arm_spec.correct:
-        c = config.correction
-        correction_init, correction_update = _correction(
-            c.capacity, c.decay, c.real_var_prior, c.real_var_prior_count, c.min_anchors
-        )
-        corr_state = correction_init()
+    c = config.correction
+    correction_init, fed_rewards = _fed_rewards(
+        arm_spec, c.capacity, c.decay, c.real_var_prior, c.real_var_prior_count, c.min_anchors
+    )
+    corr_state = correction_init()
 
     grid = np.linspace(0, config.budget, config.eval_points + 1).astype(int)
     curve, corrs, updates = [], [], 0
@@ -232,29 +233,23 @@ def run_arm(
         )
         t0 = time.perf_counter()
         real = ep.ret / h
-        if not arm_spec.uses_wm:
-            rewards = real
-        else:
+        pred_mean = pred_var = replicate = None
+        if arm_spec.world_model:
             pred_mean, pred_var = world_model.predict(ep)
             if n_exec:
                 corrs.append(float(group_rank_correlation(pred_mean[executed], real[executed], g)))
-            if arm_spec.correct:
-                rewards, corr_state, _ = correction_update(
-                    corr_state,
-                    pred_mean,
-                    pred_var,
-                    real,
-                    executed,
-                    real_replicate=ep.replicate_ret / h,
-                )
-                rewards = np.asarray(rewards)
-            else:
-                rewards = pred_mean
+        if arms_lib.replicates(arm_spec):
+            replicate = ep.replicate_ret / h
+        fed = fed_rewards(corr_state, pred_mean, pred_var, real, executed, real_replicate=replicate)
+        rewards, valid, corr_state = np.asarray(fed.rewards), np.asarray(fed.valid), fed.state
+        if arm_spec.world_model:
             world_model.observe(ep, executed, real)
-        wm_seconds = time.perf_counter() - t0 if arm_spec.uses_wm else 0.0
+        wm_seconds = time.perf_counter() - t0 if arm_spec.world_model else 0.0
 
         t0 = time.perf_counter()
-        advantages = grpo_step.episode_advantages(rewards, g)
+        # Unmasked where every episode is valid: the group statistics of the unmasked path.
+        mask = None if valid.all() else valid
+        advantages = grpo_step.episode_advantages(rewards, g, mask=mask)
         batch = grpo_step.GrpoBatch(ep.obs, ep.actions, ep.logp, ep.mask, advantages)
         params, opt_state, _ = update(params, opt_state, batch)
         jax.block_until_ready(params)

@@ -34,14 +34,13 @@ import ml_collections
 import numpy as np
 import optax
 
-from wmrl_jax.core import anchors as anchors_lib
+from wmrl_jax.core import arms as arms_lib
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
 from wmrl_jax.core import rho as rho_lib
 from wmrl_jax.core.stats import masked_mean
 from wmrl_jax.envs import simulated
 from wmrl_jax.studies.smoothing import trailing_mean
-from wmrl_jax.train import arms as arms_lib
 
 
 class _Carry(NamedTuple):
@@ -77,38 +76,29 @@ def _policy_loss(logits, tasks, actions, advantages, rows, *, clip_eps: float):
 
 
 def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor, rows: dict):
-    """`(fed, debiased WM, state')` of shape [B, G] for `arm`, as the trainer feeds them.
+    """`(fed, valid, debiased WM, state')`, each [B, G], for `arm`: `core.arms.fed_rewards`,
+    as the trainer feeds them (the WM's variances are unknown to the study: ones).
 
     `rows` holds the update's per-row extras (anchor weights, task ids and
     features, remembered means), each flattened over [B·G].
     """
-    if not arm.world_model:
-        return real, pred, state
-    if not (arm.debias or arm.use_real):
-        return pred, pred, state
     b, g = pred.shape
-    fed, state, _ = correction.update(
-        state,
-        pred.reshape(-1),
-        jnp.ones(b * g),
-        jnp.where(anchor, real, jnp.nan).reshape(-1),
-        anchor.reshape(-1),
-        **rows,
-    )
-    return fed.reshape(b, g), correction.debias(state, pred), state
+    fed = arms_lib.fed_rewards(
+        arm, correction, state, pred.reshape(-1), jnp.ones(b * g),
+        jnp.where(anchor, real, jnp.nan).reshape(-1), anchor.reshape(-1), **rows,
+    )  # fmt: skip
+    debiased = correction.debias(fed.state, pred)
+    return fed.rewards.reshape(b, g), fed.valid.reshape(b, g), debiased, fed.state
 
 
-def _choose_anchors(arm, config, correction, carry, pred, key, k):
-    """`(anchor groups [B], weights [B])`: uniform, or for an "active" arm drawn by the rank of
-    each group's best debiased prediction (the policy's next exploit), weighted 1/π.
-    `k` may be traced (an adaptive ρ's draw) for the uniform policy."""
-    b = pred.shape[0]
-    if arm.anchor_policy != "active":
-        groups = jax.random.permutation(key, b) < k
-        return groups, groups.astype(jnp.float32)
-    best = jnp.max(correction.debias(carry.correction, pred), axis=1)
-    rank = jnp.argsort(jnp.argsort(best)) + 1.0
-    return anchors_lib.draw(key, rank, k=k, uniform_share=config.anchors.uniform_share)
+def _group_score(policy: str, correction, carry, pred):
+    """[B]: the anchor policy's score of each group: its best debiased prediction (the
+    policy's next exploit) for "active", its mean WM variance (ones here) for "uncertain"."""
+    if policy == "active":
+        return jnp.max(correction.debias(carry.correction, pred), axis=1)
+    if policy == "uncertain":
+        return jnp.ones(pred.shape[0])
+    return None
 
 
 def _row_extras(arm, carry, tasks, actions, weights, g: int) -> dict:
@@ -169,11 +159,11 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
     )
     spec = simulated.WorldModelSpec(wm_cfg.offset, wm_cfg.scale, wm_cfg.gamma, wm_cfg.noise)
     b, g = config.tasks_per_step, config.group_size
-    n_anchor_groups = arm_spec.num_anchor_groups(b, config.anchor_fraction)
     # WM-free arms that do not execute every group train on the executed groups alone.
     masked = not arm_spec.world_model and arm_spec.executes != "all"
+    anchor_policy = arms_lib.anchor_policy(arm_spec, "random")
     optimizer = optax.adam(config.learning_rate)
-    correction = arms_lib.make_correction(
+    correction = arms_lib.correction_for(
         arm_spec,
         capacity=config.correction.capacity,
         decay=config.correction.decay,
@@ -185,7 +175,9 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
     adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
     adaptive = config.anchors.adaptive
     rho_fraction = functools.partial(
-        rho_lib.fraction, base=n_anchor_groups / b, low=adaptive.rho_min,
+        rho_lib.fraction,
+        base=arms_lib.adaptive_base(arm_spec, num_groups=b, fraction=config.anchor_fraction),
+        low=adaptive.rho_min,
         high=adaptive.rho_max, gain=adaptive.gain, warmup_steps=adaptive.warmup_steps,
     )  # fmt: skip
     rho_update = functools.partial(
@@ -201,23 +193,26 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         quality = env.quality[tasks[:, None], actions]
         real = simulated.real_reward(k_real, quality, noise=env_cfg.real_noise)
         pred = simulated.wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec)
-        k = n_anchor_groups
-        if arm_spec.adaptive_rho:  # ρ_t·B groups, stochastically rounded
-            k = rho_lib.num_groups(jax.random.fold_in(k_anchor, 1), rho_fraction(carry.rho), b)
-        anchor_groups, weights = _choose_anchors(
-            arm_spec, config, correction, carry, pred, k_anchor, k
-        )
+        count = arms_lib.anchor_count(
+            arm_spec, k_anchor, num_groups=b, fraction=config.anchor_fraction,
+            rho_fraction=rho_fraction(carry.rho),
+        )  # fmt: skip
+        anchor_groups, weights = arms_lib.choose_anchors(
+            k_anchor, count, num_groups=b, policy=anchor_policy,
+            group_score=_group_score(anchor_policy, correction, carry, pred),
+            uniform_share=config.anchors.uniform_share,
+        )  # fmt: skip
         anchor = jnp.broadcast_to(anchor_groups[:, None], (b, g))
         rows = _row_extras(arm_spec, carry, tasks, actions, weights, g)
-        fed, debiased, state = _fed_rewards(
+        fed, valid, debiased, state = _fed_rewards(
             arm_spec, correction, carry.correction, pred, real, anchor, rows
         )
         if masked:
-            advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, anchor)
-        else:
-            advantages = jax.vmap(adv_fn)(fed)
-        rows = anchor if masked else jnp.ones((b, g), bool)
-        grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages, rows)
+            advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, valid)
+        else:  # `valid` is all true here: the simulated WM always predicts. Without a
+            # mask the group statistics are those the study has always computed (to the bit).
+            advantages, valid = jax.vmap(adv_fn)(fed), jnp.ones((b, g), bool)
+        grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages, valid)
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
         policy = jax.nn.softmax(carry.logits, axis=-1)
         outputs = _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked)

@@ -273,12 +273,8 @@ class Trainer:
         """The step's tasks: a pure function of the seed and the step (and the anchor key)."""
         c = self.config
         tasks = stages.step_tasks(self.tasks.train, seed=c.seed, step=step, count=c.tasks_per_step)
-        if self.arm.samples_anchors_only:  # The groups wmrl would anchor (same key), alone.
-            chosen = arms.choose_anchor_groups(
-                self.arm, k_anchor, num_groups=len(tasks), fraction=c.anchor_fraction
-            ).groups
-            tasks = [t for t, keep in zip(tasks, chosen, strict=True) if keep]
-        return tasks
+        sampled = self.rewarder.sampled_groups(len(tasks), k_anchor)
+        return [t for t, keep in zip(tasks, sampled, strict=True) if keep]
 
     def _rollout(self, step: int, tasks, key, timing: LedgerStep):
         """`(rollout, stale)`: the batch sampled ahead for this step (stale), else a fresh one."""

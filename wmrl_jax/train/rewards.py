@@ -64,11 +64,12 @@ class Rewarder:
         self.remembered = remembered
         self.invalid_reward = builder.reward_floors(config).invalid  # rows with no program
         self.anchor_policy = arms.anchor_policy(arm, config.anchor_policy)
-        self._correct = jax.jit(correction.update)
+        self.fraction = config.anchor_fraction  # ρ: read here only.
+        self._fed = jax.jit(functools.partial(arms.fed_rewards, arm, correction))
         self._debias = jax.jit(correction.debias)
         # Adaptive ρ starts from the share of groups the arm's ρ executes (at least one).
         a, groups = config.anchors.adaptive, config.tasks_per_step
-        base = arm.num_anchor_groups(groups, config.anchor_fraction) / groups
+        base = arms.adaptive_base(arm, num_groups=groups, fraction=self.fraction)
         self._rho_update = jax.jit(functools.partial(
             rho.update, fast_halflife=a.fast_halflife, slow_halflife=a.slow_halflife
         ))  # fmt: skip
@@ -84,6 +85,16 @@ class Rewarder:
             extra["rho"] = rho.init()
         return extra
 
+    def sampled_groups(self, num_groups: int, key) -> np.ndarray:
+        """bool [num_groups]: the groups the arm samples at all. An arm that samples its
+        anchors only (`Arm.samples_anchors_only`) draws them here, as `wmrl` would anchor
+        them (same rule, same key); every other arm samples every group."""
+        if not self.arm.samples_anchors_only:
+            return np.ones(num_groups, bool)
+        return arms.choose_anchor_groups(
+            self.arm, key, num_groups=num_groups, fraction=self.fraction
+        ).groups
+
     def choose_anchors(self, record: StepRecord, extra: dict, key) -> None:
         """Sets ``record.anchor_groups`` and ``anchor_weights`` (and, adaptive, the fraction).
 
@@ -93,25 +104,26 @@ class Rewarder:
           extra: the train state's ``extra``; read only.
           key: the step's anchor key.
         """
-        g = record.group_size
-        if self.arm.samples_anchors_only:  # Its step's groups are the anchors already.
-            record.anchor_groups = np.ones(record.num_rows // g, bool)
-            record.anchor_weights = np.ones(record.num_rows // g, np.float32)
+        num_groups = record.num_rows // record.group_size
+        if self.arm.samples_anchors_only:  # `sampled_groups` chose them: all are anchors.
+            record.anchor_groups = np.ones(num_groups, bool)
+            record.anchor_weights = np.ones(num_groups, np.float32)
             return
-        c, score = self.config, None
+        c, score, fraction = self.config, None, None
         if record.wm is not None and self.anchor_policy != "random":
             kind = "uncertainty" if self.anchor_policy == "uncertain" else c.anchors.score
             debiased = self._debias(extra["correction"], record.wm.mean)
             score = stages.group_scores(record, kind, np.asarray(debiased))
-        count = None
         if self.arm.adaptive_rho:  # ρ_t from the WM's out-of-sample error so far.
             fraction = self._rho_fraction(extra["rho"])
             record.anchor_fraction = float(fraction)
-            count = int(rho.num_groups(jax.random.fold_in(key, 1), fraction, record.num_rows // g))
+        count = arms.anchor_count(
+            self.arm, key, num_groups=num_groups, fraction=self.fraction, rho_fraction=fraction
+        )
         choice = arms.choose_anchor_groups(
-            self.arm, key, num_groups=record.num_rows // g, fraction=c.anchor_fraction,
+            self.arm, key, num_groups=num_groups, fraction=self.fraction,
             policy=self.anchor_policy, group_score=score, uniform_share=c.anchors.uniform_share,
-            count=count,
+            count=int(count),
         )  # fmt: skip
         record.anchor_groups, record.anchor_weights = choice.groups, choice.weights
 
@@ -126,14 +138,16 @@ class Rewarder:
         Returns:
           ``extra`` with the correction's (and ρ's) updated state.
         """
+        rows, pred_mean, pred_var = {}, None, None
         if self.arm.world_model:
             wm, before = record.wm, extra["correction"]
+            pred_mean, pred_var = wm.mean, wm.var
             record.debiased = np.asarray(self._debias(before, wm.mean), np.float32)
             if self.arm.adaptive_rho:  # Out of sample: the map has not seen these anchors.
                 errors = np.where(record.executed, record.real - record.debiased, np.nan)
                 drift = self._rho_update(extra["rho"], errors, np.isfinite(errors))
                 extra = {**extra, "rho": drift}
-            rows = {"anchor_weight": np.repeat(record.anchor_weights, record.group_size)}
+            rows["anchor_weight"] = np.repeat(record.anchor_weights, record.group_size)
             if self.arm.local:  # Same task, nearby program features.
                 rows["task"] = stages.task_ids(record.tasks, record.group_size)
                 if record.rollout.features is not None:
@@ -142,19 +156,15 @@ class Rewarder:
                 known, count = self.remembered(record.tasks, record.rollout.programs,
                                                record.group_size)  # fmt: skip
                 rows.update(known_real=known, known_count=count)
-            rewards, corr_state, diag = self._correct(
-                before, wm.mean, wm.var, record.real, record.executed,
-                real_replicate=record.partner, **rows,
-            )  # fmt: skip
-            extra = {**extra, "correction": corr_state}
-            record.rewards = np.asarray(rewards, np.float32)
-            record.correction = {k: float(v) for k, v in diag.items()}
-            # An unusable prediction is no reward: masked, unless a real score stands in.
-            valid = np.isfinite(wm.mean) | (record.executed & self.arm.use_real)
-        else:
-            record.rewards, valid = stages.wm_free_rewards(
-                record.real, record.executed, record.partner
-            )
+        fed = self._fed(
+            extra["correction"], pred_mean, pred_var, record.real, record.executed,
+            real_replicate=record.partner, **rows,
+        )  # fmt: skip
+        if self.arm.world_model:
+            extra = {**extra, "correction": fed.state}
+            record.correction = {k: float(v) for k, v in fed.diagnostics.items()}
+        record.rewards = np.asarray(fed.rewards, np.float32)
+        valid = np.asarray(fed.valid, bool)
         record.rewards, valid = stages.with_no_program_rows(
             record.rewards, valid, stages.no_program_rows(record.rollout), self.invalid_reward
         )

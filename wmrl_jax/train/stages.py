@@ -22,6 +22,7 @@ import numpy as np
 
 from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.agents.programs import PROGRAM_CAUSES
+from wmrl_jax.core import arms as core_arms
 from wmrl_jax.core import grpo
 from wmrl_jax.envs.task import Task
 from wmrl_jax.train.arms import Arm
@@ -179,11 +180,10 @@ def with_no_program_rows(
 def wm_free_rewards(
     real: np.ndarray, executed: np.ndarray, partner: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Fed rewards of an arm without a world model: real scores (the mean with the
-    partner replicate where there is one, as the fusion does), only executed rows valid."""
-    if partner is not None:
-        real = np.where(np.isfinite(partner), 0.5 * (real + partner), real)
-    return np.where(executed, real, 0.0).astype(np.float32), executed.copy()
+    """`core.arms.real_rewards` as numpy: the fed rewards and validity of an arm without
+    a world model (the real stream of the oracle metrics)."""
+    rewards, valid = core_arms.real_rewards(real, executed, partner)
+    return np.asarray(rewards, np.float32), np.asarray(valid, bool)
 
 
 def finite_rows(rewards: np.ndarray, valid: np.ndarray, *, step: int) -> np.ndarray:

@@ -1,0 +1,125 @@
+"""One arm, one behaviour: the trainer's reward stage and the controlled study feed the
+same rewards, with the same validity mask, on the same inputs, for every arm."""
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.configs import controlled as controlled_config
+from experiments.configs import tiny_cpu
+from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.studies import controlled
+from wmrl_jax.train import arms
+from wmrl_jax.train.config import override
+from wmrl_jax.train.rewards import Rewarder
+from wmrl_jax.train.stages import StepRecord
+
+B, G, K, STEPS, TASKS = 6, 4, 3, 4, 8
+
+
+def _inputs(step: int):
+    """One step of a small simulated batch: candidates recur, so memory and local offsets act."""
+    rng = np.random.default_rng(step)
+    tasks = np.sort(rng.choice(TASKS, B, replace=False)).astype(np.int32)
+    actions = rng.integers(0, K, (B, G)).astype(np.int32)
+    quality = (tasks[:, None] * 0.1 + actions * 0.1).astype(np.float32)
+    real = (quality + 0.05 * rng.normal(size=(B, G))).astype(np.float32)
+    pred = (0.3 + 0.5 * quality**2 + 0.05 * rng.normal(size=(B, G))).astype(np.float32)
+    groups = np.zeros(B, bool)
+    groups[rng.choice(B, 2 + step % 2, replace=False)] = True
+    weights = np.where(groups, rng.uniform(0.5, 2.0, B), 0.0).astype(np.float32)
+    return tasks, actions, real, pred, groups, weights
+
+
+def _study_config():
+    config = controlled_config.get_config("runlocal")
+    with config.unlocked():
+        config.correction.min_anchors = 4  # the map acts within the replay's few steps
+    return config
+
+
+def _trainer_fed(arm, config, steps):
+    """The trainer's `Rewarder.correct` over `steps`, with the study's correction settings."""
+    c = config.correction
+    correction = arms.make_correction(
+        arm, capacity=c.capacity, decay=c.decay, real_var_prior=c.real_var_prior,
+        min_anchors=c.min_anchors, local_features=1, local_prior_count=c.local_prior_count,
+    )  # fmt: skip
+    memory = {}
+
+    def remembered(tasks, programs, g):
+        del g
+        keys = [(t.id, p) for t, p in zip(np.repeat(tasks, G), programs, strict=True)]
+        total = np.array([memory.get(k, (0.0, 0.0))[0] for k in keys], np.float32)
+        count = np.array([memory.get(k, (0.0, 0.0))[1] for k in keys], np.float32)
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
+
+    train_config = override(tiny_cpu.get_config("runlocal"), arm=arm.name, tasks_per_step=B)
+    rewarder = Rewarder(train_config, arm, correction, remembered=remembered)
+    extra, out = rewarder.init(), []
+    for step, (tasks, actions, real, pred, groups, weights) in enumerate(steps):
+        task_objs = [types.SimpleNamespace(id=int(t)) for t in tasks]
+        programs = [str(a) for a in actions.reshape(-1)]
+        rollout = Rollout(programs, {}, 0, (), features=actions.reshape(-1, 1))
+        record = StepRecord(step + 1, task_objs, G, rollout=rollout)
+        record.anchor_groups, record.anchor_weights = groups, weights
+        executed = np.repeat(groups, G)
+        record.real = np.where(executed, real.reshape(-1), np.nan).astype(np.float32)
+        record.executed, record.partner = executed, np.full(B * G, np.nan, np.float32)
+        if arm.world_model:
+            record.wm = WMOutput(pred.reshape(-1), np.ones(B * G, np.float32), 0, 0)
+        extra = rewarder.correct(record, extra)
+        out.append((record.rewards, record.valid))
+        for i in np.flatnonzero(executed):
+            total, count = memory.get((task_objs[i // G].id, programs[i]), (0.0, 0.0))
+            memory[(task_objs[i // G].id, programs[i])] = (total + record.real[i], count + 1)
+    return out
+
+
+def _study_fed(arm, config, steps):
+    """The controlled study's reward formation over `steps`."""
+    c = config.correction
+    correction = arms.make_correction(
+        arm, capacity=c.capacity, decay=c.decay, real_var_prior=c.real_var_prior,
+        min_anchors=c.min_anchors, local_features=1, local_prior_count=c.local_prior_count,
+    )  # fmt: skip
+    state = correction.init()
+    mem_sum = mem_count = jnp.zeros((TASKS, K))
+    out = []
+    # Jitted, as the study runs it (eager and jitted float32 may differ in the last bit).
+    fed_rewards = jax.jit(functools.partial(controlled._fed_rewards, arm, correction))
+    for tasks, actions, real, pred, groups, weights in steps:
+        carry = types.SimpleNamespace(mem_sum=mem_sum, mem_count=mem_count)
+        anchor = jnp.broadcast_to(jnp.asarray(groups)[:, None], (B, G))
+        rows = controlled._row_extras(arm, carry, tasks, actions, jnp.asarray(weights), G)
+        fed, valid, _, state = fed_rewards(
+            state, jnp.asarray(pred), jnp.asarray(real), anchor, rows
+        )
+        out.append((np.asarray(fed).reshape(-1), np.asarray(valid).reshape(-1)))
+        at = (tasks[:, None], actions)
+        mem_sum = mem_sum.at[at].add(jnp.where(anchor, real, 0.0))
+        mem_count = mem_count.at[at].add(anchor.astype(jnp.float32))
+    return out
+
+
+@pytest.mark.parametrize("name", list(arms.ARMS))
+def test_trainer_and_controlled_study_feed_the_same_rewards(name):
+    arm = arms.get(name)
+    if arm.executes == "all":
+        steps = [
+            (*s[:4], np.ones(B, bool), np.ones(B, np.float32)) for s in map(_inputs, range(STEPS))
+        ]
+    else:
+        steps = [_inputs(s) for s in range(STEPS)]
+    config = _study_config()
+    trainer, study = _trainer_fed(arm, config, steps), _study_fed(arm, config, steps)
+    for step, ((fed_t, valid_t), (fed_s, valid_s)) in enumerate(zip(trainer, study, strict=True)):
+        np.testing.assert_array_equal(valid_t, valid_s, err_msg=f"{name} step {step}: masks")
+        # Rows outside the mask carry no reward: their values are the arm's business.
+        np.testing.assert_array_equal(
+            np.where(valid_t, fed_t, 0), np.where(valid_s, fed_s, 0), err_msg=f"{name} step {step}"
+        )
