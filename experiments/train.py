@@ -2,7 +2,10 @@ r"""Trains an agent with WMRL (or one of its ablation arms).
 
     python -m experiments.train --config=experiments/configs/tiny_cpu.py --workdir=outputs/tiny_cpu
 
-Resumes from the latest checkpoint in ``--workdir`` when there is one. Prints
+Resumes from the latest checkpoint in ``--workdir`` when there is one (one
+trainer per workdir: a second one fails at once, naming the first's pid). On
+SIGTERM or Ctrl-C it closes its executors and checkpoints and exits 143 or 130.
+Prints
 one line per step, then the final summary, and writes ``summary.json`` and
 plots into ``--workdir``. Libraries' INFO logs (orbax, absl) are off unless
 ``--verbosity=0`` (or higher) is given; warnings always show.
@@ -34,6 +37,7 @@ directory), else from ``config.agent.text.checkpoint``'s config.json.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -46,6 +50,9 @@ from wmrl_jax.sandbox.files import InputError
 from wmrl_jax.train import distributed, loop, memory, mesh, multihost, summary
 from wmrl_jax.train.checkpoint import CheckpointError
 from wmrl_jax.train.config import ConfigError
+from wmrl_jax.train.evaluation import ExecutionFailure
+from wmrl_jax.train.lock import WorkdirBusy
+from wmrl_jax.train.resume import ResumeError
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/tiny_cpu.py", "Training config.", lock_config=True
@@ -72,8 +79,24 @@ def quiet_libraries() -> None:
         logging.set_verbosity(logging.WARNING)
 
 
-# What a user can fix (a config, a task directory, a damaged workdir): one line, exit 1.
-USER_ERRORS = (ConfigError, ManifestError, TaskError, InputError, CheckpointError)
+# What a user can fix (a config, a task directory, a damaged, full, busy or foreign
+# workdir, an executor that runs nothing): one line, exit 1.
+USER_ERRORS = (ConfigError, ManifestError, TaskError, InputError, CheckpointError, ResumeError,
+               WorkdirBusy, ExecutionFailure)  # fmt: skip
+
+
+class Stopped(BaseException):
+    """A signal asked the run to stop (a BaseException: no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    # A second signal is ignored: it must not cut the clean-up of the first one short.
+    signal.signal(signum, signal.SIG_IGN)
+    raise Stopped(signum)
 
 
 def main(argv):
@@ -94,12 +117,26 @@ def main(argv):
             print("error: the run does not fit: " + "; ".join(plan.problems), file=sys.stderr)
             sys.exit(1)
         return
+    # SIGTERM (a preemption, a time limit) unwinds like Ctrl-C: the trainer closes its
+    # executors (their sandboxes stopped and removed) and its checkpoints, then exits
+    # non-zero; rerunning the same command resumes from the last checkpoint.
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         multihost.join(_CONFIG.value)  # Several processes: before any other JAX call.
         result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
     except USER_ERRORS as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
+    except (Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(
+            f"error: stopped by {signal.Signals(signum).name}: executors closed and the "
+            f"checkpoints saved so far kept in {_WORKDIR.value}; rerun the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signum)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if distributed.is_primary():  # The report is process 0's; the others only trained.
         print(summary.write_run_report(result, _WORKDIR.value))
     logging.info("Wrote %s", _WORKDIR.value)

@@ -130,3 +130,58 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     assert proc.returncode != 0 and "ran with another config" in proc.stderr
     assert "num_steps" in proc.stderr
     assert (tmp_path / "docs" / "study_compute.png").stat().st_size > 0
+
+
+# The absl entry point with its outcome source recorded: `close` writes the file
+# $WMRL_TEST_CLOSED, so that the test sees the executor closed from outside.
+_RECORDED_MAIN = """
+import os
+from absl import app
+from experiments import train
+from wmrl_jax.train import builder
+
+make = builder.make_outcomes
+
+def recorded(config, **kwargs):
+    outcomes, environment = make(config, **kwargs)
+    close = outcomes.close
+    def closing():
+        close()
+        open(os.environ["WMRL_TEST_CLOSED"], "w").close()
+    outcomes.close = closing
+    return outcomes, environment
+
+builder.make_outcomes = recorded
+app.run(train.main)
+"""
+
+
+def test_sigterm_closes_the_executor_and_a_second_trainer_is_refused(tmp_path):
+    workdir, closed = tmp_path / "run", tmp_path / "closed"
+    flags = [f"--workdir={workdir}", "--config=experiments/configs/tiny_cpu.py:runlocal",
+             "--config.executor.kind=replay", "--config.num_steps=200", "--config.eval_every=100",
+             "--config.optimizer.total_steps=200"]  # fmt: skip
+    env = dict(os.environ, JAX_PLATFORMS="cpu", WMRL_TEST_CLOSED=str(closed))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RECORDED_MAIN, *flags], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    ckpt = workdir / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists() and any(p.name.isdigit() for p in ckpt.iterdir()):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    # A second trainer on the same workdir fails at once, naming the first.
+    second = _launch("experiments/configs/tiny_cpu.py:runlocal", workdir, *flags[2:])
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 1, out[-4000:]
+    assert f"is in use by another trainer (pid {proc.pid})" in out
+    assert not closed.exists()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-4000:]
+    assert "error: stopped by SIGTERM: executors closed" in out
+    assert "Traceback" not in out
+    assert closed.exists()

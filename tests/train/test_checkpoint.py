@@ -1,5 +1,6 @@
 """Checkpointer: round trips, retention, atomicity, resume, and the Hugging Face export."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from flax import nnx
 
 from wmrl_jax.models import api
-from wmrl_jax.train.checkpoint import Checkpointer, export_hf
+from wmrl_jax.train.checkpoint import Checkpointer, CheckpointError, export_hf
 from wmrl_jax.train.ledger import Ledger
 from wmrl_jax.train.writer import MetricWriter, read_jsonl, read_tensorboard_scalars
 
@@ -313,3 +314,28 @@ def test_async_save_survives_donation_of_the_state(tmp_path):
         restored, _ = ckpt.restore(abstract_state=jax.eval_shape(lambda: new_state))
     np.testing.assert_array_equal(np.asarray(restored["x"]), [0.0, 1.0, 2.0, 3.0])
     np.testing.assert_array_equal(np.asarray(new_state["x"]), [100.0, 101.0, 102.0, 103.0])
+
+
+def test_a_full_disk_is_one_line_naming_the_directory(tmp_path, monkeypatch):
+    ckpt = Checkpointer(tmp_path / "ckpt", keep=2, async_save=False)
+    state = {"w": jnp.ones(3)}
+    ckpt.save(1, state, {"step": 1})
+
+    def full(*args, **kwargs):
+        try:  # orbax re-raises what its writer hit, chained
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("a save failed") from e
+
+    monkeypatch.setattr(ckpt._manager, "save", full)
+    with pytest.raises(CheckpointError) as e:
+        ckpt.save(2, state, {"step": 2})
+    message = str(e.value)
+    assert "no space left" in message and str(tmp_path / "ckpt") in message
+    assert "\n" not in message
+    monkeypatch.setattr(ckpt._manager, "save", lambda *a, **k: 1 / 0)  # other errors: as is
+    with pytest.raises(ZeroDivisionError):
+        ckpt.save(2, state, {"step": 2})
+    monkeypatch.undo()
+    assert ckpt.all_steps() == [1]  # what was saved is kept
+    ckpt.close()

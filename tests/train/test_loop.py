@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from wmrl_jax.agents.base import WMOutput
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.train import builder, loop
 from wmrl_jax.train.config import ConfigError, override
+from wmrl_jax.train.evaluation import ExecutionFailure
+from wmrl_jax.train.lock import WorkdirBusy, WorkdirLock
 
 
 def _config(**overrides):
@@ -284,3 +287,97 @@ def test_adaptive_rho_follows_the_error_and_resumes_exactly(tmp_path):
     resumed = loop.train_and_evaluate(config, str(tmp_path / "split"))
     assert _strip(resumed["steps"]) == _strip(full["steps"])
     assert resumed["ledger"]["executions"] == full["ledger"]["executions"]
+
+
+class _Switch(_Wrapped):
+    """Replay answers, or infrastructure errors while `down`; records `close`."""
+
+    def __init__(self, inner):
+        super().__init__(inner, lambda out, n: _infra(out) if self.down else out)
+        self.down, self.closed = False, 0
+
+    def close(self):
+        self.closed += 1
+
+
+def _infra(out):
+    return out._replace(status="infra_error", reward=math.nan, percentile=math.nan,
+                        message="the engine is gone")  # fmt: skip
+
+
+def test_evaluation_infra_errors_are_masked_and_never_rank_best(tmp_path):
+    config = _config(num_steps=2, eval_every=1, **{"checkpoint.keep": 5})
+    source = _Switch(_replay(config))
+
+    def hook(record):  # Step 1's evaluation sees a dead engine; step 2's a working one.
+        source.down = record.step == 1
+        return {}
+
+    trainer = loop.Trainer(config, str(tmp_path), outcomes=source, hooks=[hook], console=True)
+    summary = trainer.run()
+    trainer.close()
+    first, down, up = summary["history"]
+    heldout = len(trainer.tasks.heldout)
+    assert math.isnan(down["eval/heldout_percentile"])  # not 0.000
+    assert down["eval/infra_errors"] == heldout and up["eval/infra_errors"] == 0
+    assert np.isfinite(up["eval/heldout_percentile"])
+    # Retention never saw a 0 for step 1: it has no metric, step 2 has its real one.
+    assert not (trainer.checkpointer.metrics(1) or {}).get("eval/heldout_percentile")
+    assert trainer.checkpointer.metrics(2)["eval/heldout_percentile"] == pytest.approx(
+        up["eval/heldout_percentile"]
+    )
+    assert source.closed == 1
+
+
+def test_a_run_whose_every_execution_fails_stops_with_an_error(tmp_path, capsys):
+    config = _config(num_steps=5, eval_every=5, **{"executor.max_infra_steps": 3})
+    source = _Switch(_replay(config))
+    source.down = True
+    trainer = loop.Trainer(config, str(tmp_path), outcomes=source, console=True)
+    # The evaluation before training, then steps 1 and 2: three in a row.
+    with pytest.raises(ExecutionFailure, match=r"last 3 steps or evaluations, up to step 2"):
+        trainer.run()
+    trainer.close()
+    assert "held-out percentile n/a" in capsys.readouterr().out
+    assert len(trainer.step_log) == 1 and source.closed == 1
+
+
+def test_a_second_trainer_on_a_busy_workdir_fails_at_once(tmp_path):
+    config = _config(num_steps=1, eval_every=1)
+    first = loop.Trainer(config, str(tmp_path))
+    with pytest.raises(WorkdirBusy, match=rf"in use by another trainer \(pid {os.getpid()}\)"):
+        loop.Trainer(config, str(tmp_path))
+    first.run()
+    first.close()
+    loop.Trainer(config, str(tmp_path)).close()  # released by close
+
+
+def test_an_interrupted_run_closes_its_executor_and_lock(tmp_path):
+    config = _config(num_steps=3, eval_every=3)
+    source = _Switch(_replay(config))
+    submit = source.submit
+
+    def interrupted(task, program, *, replicate=0):
+        if source.calls >= 10:  # A signal arriving mid-step (SIGTERM becomes an exception).
+            raise KeyboardInterrupt
+        return submit(task, program, replicate=replicate)
+
+    source.submit = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        loop.train_and_evaluate(config, str(tmp_path), outcomes=source)
+    assert source.closed == 1
+    WorkdirLock.acquire(str(tmp_path)).release()  # the lock went with the trainer
+
+
+def test_a_trainer_stopped_while_building_closes_what_it_opened(tmp_path, monkeypatch):
+    config = _config()
+    source = _Switch(_replay(config))
+
+    def stopped(*args, **kwargs):  # A signal while the checkpoints are opened.
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "Checkpointer", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        loop.Trainer(config, str(tmp_path), outcomes=source)
+    assert source.closed == 1
+    WorkdirLock.acquire(str(tmp_path)).release()

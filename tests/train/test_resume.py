@@ -40,3 +40,14 @@ def test_check_resumable_names_every_difference():
     with pytest.raises(ValueError, match="learning-rate schedule's length"):
         resume.check_resumable(meta, override(free, num_steps=free.num_steps + 1),
                                fingerprint=None, directory="ckpt")  # fmt: skip
+
+
+def test_the_number_of_workers_does_not_make_another_run():
+    config = override(tiny_cpu.get_config("runlocal"), **{"optimizer.total_steps": 10})
+    meta = {"config": config.to_json_best_effort(), "outcomes_fingerprint": None}
+    more = override(config, **{"executor.workers": 16, "executor.max_infra_steps": 0})
+    resume.check_resumable(meta, more, fingerprint=None, directory="ckpt")
+    # Any other executor setting still does, in one ResumeError (a ValueError) line.
+    slower = override(config, **{"executor.timeout_s": 5.0})
+    with pytest.raises(resume.ResumeError, match=r"another run \(config executor.timeout_s\)"):
+        resume.check_resumable(meta, slower, fingerprint=None, directory="ckpt")

@@ -28,6 +28,8 @@ Example:
     >>> state, meta = ckpt.restore(abstract_state=jax.eval_shape(lambda: state))
 """
 
+import contextlib
+import errno
 import logging
 import math
 import os
@@ -159,7 +161,21 @@ class Checkpointer:
             metrics = {k: _json_float(v) for k, v in metrics.items()}
         elif self.best_metric is not None:
             metrics = {}  # orbax wants metrics when tracking best; empty ranks worst.
-        return self._manager.save(int(step), args=args, metrics=metrics, force=force)
+        with self._disk_errors(f"writing checkpoint step {step}"):
+            return self._manager.save(int(step), args=args, metrics=metrics, force=force)
+
+    @contextlib.contextmanager
+    def _disk_errors(self, doing: str):
+        """A full disk (here or in orbax's writer thread) as one `CheckpointError` line."""
+        try:
+            yield
+        except Exception as e:
+            if not _no_space(e):
+                raise
+            raise CheckpointError(
+                f"no space left on the device of {self.directory} while {doing}: free space "
+                "there (the checkpoints saved so far are kept) and rerun to resume"
+            ) from e
 
     def latest_step(self) -> int | None:
         """The newest complete step, or None (it may be unreadable: `restore` and
@@ -290,17 +306,30 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves (and their cleanup) finish."""
-        self._manager.wait_until_finished()
+        with self._disk_errors("finishing a checkpoint"):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending saves and releases the manager."""
-        self._manager.close()
+        with self._disk_errors("finishing a checkpoint"):
+            self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _no_space(error: BaseException | None) -> bool:
+    """`error`, or an error it was raised from, is a full disk (ENOSPC)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _abstract_leaf(x):

@@ -32,6 +32,22 @@ ON_INFRA_ERROR = ("wm_only", "raise")
 TASK_SOURCES = ("builtin", "dir", "mle_dojo")
 WM_PARAMS = ("current", "initial")
 
+# The longest execution a config may ask for: 7 days. A "no limit" such as 1e9 s would
+# pass otherwise and overflow the backends' waits (a poll's timeout is at most
+# 2**31 ms, about 24.8 days), turning every run into an infrastructure error.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# The largest learning rate accepted: beyond 1.0 any optimizer here diverges at once.
+MAX_LR = 1.0
+# The reward scale (`wmrl_jax.envs.grading`): a valid submission earns its percentile
+# in [0, 1]; a floor outside [-1, 1] would outweigh every valid reward in a group.
+MAX_ABS_REWARD = 1.0
+# The largest group: GRPO's group statistics gain nothing from thousands of samples of
+# one task, while a step's rollout grows with tasks_per_step x group_size sequences
+# (100,000 took over 8.5 GB before failing).
+MAX_GROUP_SIZE = 1024
+# Seeds become PRNG keys and numpy seeds: non-negative 32-bit integers.
+MAX_SEED = 2**32 - 1
+
 
 class ConfigError(ValueError):
     """A config that cannot run; raised before any work is done."""
@@ -116,7 +132,10 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.executor.image = ""
     config.executor.workers = 2
     config.executor.timeout_s = 120.0
-    config.executor.infra_retries = 2
+    config.executor.infra_retries = 2  # Also for held-out evaluations (then masked).
+    # Consecutive steps or evaluations whose every execution was an infrastructure error
+    # (after retries) that stop the run with an error; 0: never.
+    config.executor.max_infra_steps = 3
     config.executor.on_infra_error = "wm_only"  # or "raise".
     # "ray" and "engines": a program not back after deadline_s seconds is an
     # infrastructure error (0: no deadline); workers = programs per node / engine.
@@ -284,17 +303,22 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for field in ("num_steps", "tasks_per_step", "eval_every", "checkpoint.every",
                   "checkpoint.keep", "executor.workers", "correction.capacity"):  # fmt: skip
         _at_least(config, field, 1)
-    for field in ("eval_samples", "executor.infra_retries", "correction.min_anchors"):
+    for field in ("eval_samples", "executor.infra_retries", "executor.max_infra_steps",
+                  "correction.min_anchors"):  # fmt: skip
         _at_least(config, field, 0)
     if config.group_size < 2:
         raise ConfigError(
             f"config.group_size must be >= 2 for group advantages, got {config.group_size}"
         )
+    _validate_ranges(config)
     _at_least(config, "executor.deadline_s", 0.0)
     _at_least(config, "executor.replicates", 1)
     _validate_gpus(config)
-    if not config.executor.timeout_s > 0:
-        raise ConfigError(f"config.executor.timeout_s must be > 0, got {config.executor.timeout_s}")
+    if not 0 < config.executor.timeout_s <= MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"config.executor.timeout_s must be in (0, {MAX_TIMEOUT_S:.0f}] seconds (at most "
+            f"7 days; there is no 'no limit'), got {config.executor.timeout_s}"
+        )
     if not config.correction.real_var_prior > 0:
         raise ConfigError(
             f"config.correction.real_var_prior must be > 0, got {config.correction.real_var_prior}"
@@ -321,6 +345,28 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     _validate_agent(config)
     if config.tasks.source in ("dir", "mle_dojo") and not config.tasks.path:
         raise ConfigError(f"config.tasks.path is required for tasks.source={config.tasks.source!r}")
+
+
+def _validate_ranges(config: ml_collections.ConfigDict) -> None:
+    """Values that pass the type checks but cannot make a run: a negative seed, a
+    group too large to sample, a learning rate or reward off every sane scale."""
+    if not 0 <= config.seed <= MAX_SEED:
+        raise ConfigError(f"config.seed must be in [0, {MAX_SEED}], got {config.seed}")
+    if config.group_size > MAX_GROUP_SIZE:
+        raise ConfigError(
+            f"config.group_size must be <= {MAX_GROUP_SIZE} (a step samples tasks_per_step x "
+            f"group_size programs), got {config.group_size}"
+        )
+    lr = config.optimizer.lr
+    if not 0 < lr <= MAX_LR:
+        raise ConfigError(f"config.optimizer.lr must be in (0, {MAX_LR}], got {lr}")
+    for field in ("invalid", "error", "timeout"):
+        value = config.rewards[field]
+        if not -MAX_ABS_REWARD <= value <= MAX_ABS_REWARD:
+            raise ConfigError(
+                f"config.rewards.{field} must be in [-{MAX_ABS_REWARD}, {MAX_ABS_REWARD}] (the "
+                f"reward scale: a valid submission earns its percentile in [0, 1]), got {value}"
+            )
 
 
 def _validate_gpus(config: ml_collections.ConfigDict) -> None:

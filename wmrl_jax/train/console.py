@@ -87,8 +87,12 @@ class Console:
     def evaluation(self, step: int, metrics: Mapping[str, float]) -> None:
         """One line for a held-out evaluation."""
         width = len(str(self.total))
+        pct = metrics["eval/heldout_percentile"]
+        # No usable execution: no percentile at all (never a 0.000 that looks measured).
+        shown = f"{pct:.3f}" if math.isfinite(pct) else "n/a"
+        masked = int(metrics.get("eval/infra_errors", 0))
+        infra = f", {masked} infrastructure errors masked" if masked else ""
         self._print(
-            f"eval  {step:>{width}}/{self.total}  held-out percentile "
-            f"{metrics['eval/heldout_percentile']:.3f} "
-            f"(valid {metrics.get('eval/valid_fraction', math.nan):.2f})"
+            f"eval  {step:>{width}}/{self.total}  held-out percentile {shown} "
+            f"(valid {metrics.get('eval/valid_fraction', math.nan):.2f}{infra})"
         )

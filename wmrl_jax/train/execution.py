@@ -127,6 +127,7 @@ class Runner:
             raise ValueError(f"an outcome source needs num_replicates >= 1, got {source!r}")
         self.cache: dict[tuple[str, str], dict[int, Outcome]] = {}
         self.requests: dict[tuple[str, str], int] = {}
+        self.last_infra_message = ""  # Why the last execution given up on failed.
 
     def _next_replicate(self, key: tuple[str, str]) -> int:
         n = self.requests.get(key, 0)
@@ -165,6 +166,7 @@ class Runner:
         if out.status != "infra_error":
             return out, attempts
         counts["infra_errors"] += 1
+        self.last_infra_message = out.message
         if self.on_infra_error == "raise":
             raise RuntimeError(f"sandbox infrastructure error, retries spent: {out.message}")
         return None, attempts

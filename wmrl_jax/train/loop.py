@@ -42,6 +42,7 @@ process 0 and checkpoints by all together (`wmrl_jax.train.multihost`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -57,9 +58,10 @@ from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.config import validate_config
 from wmrl_jax.train.console import Console
-from wmrl_jax.train.evaluation import EvalSchedule, evaluate
+from wmrl_jax.train.evaluation import EvalSchedule, InfraWatch, evaluate
 from wmrl_jax.train.execution import Runner
 from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer
+from wmrl_jax.train.lock import WorkdirLock
 from wmrl_jax.train.rewards import Rewarder
 from wmrl_jax.train.stages import StepRecord
 from wmrl_jax.train.writer import MetricWriter
@@ -95,13 +97,23 @@ class Trainer:
     ):
         validate_config(config)
         multihost.join(config)  # Several processes: all of them, from here on.
-        primary = distributed.is_primary()
         mesh_lib.check_mesh(config.mesh, jax.devices())  # a ConfigError before any work
+        builder.check_workdir(workdir)
+        # One trainer per workdir (process 0 writes its files), until `close`.
+        self._lock = WorkdirLock.acquire(workdir) if distributed.is_primary() else None
+        try:
+            self._build(config, workdir, outcomes=outcomes, prebuilt=prebuilt, hooks=hooks,
+                        console=console)  # fmt: skip
+        except BaseException:  # A failed build (or a signal) still closes what it opened.
+            self.close()
+            raise
+
+    def _build(self, config, workdir, *, outcomes, prebuilt, hooks, console) -> None:
+        primary = distributed.is_primary()
         self.config, self.workdir = config, workdir
         self.arm = arms.get(config.arm)
         self.hooks = tuple(hooks)
         self.console = Console(enabled=console and primary)
-        builder.check_workdir(workdir)
         if config.tasks.source == "builtin":
             self.console.note("tasks: the built-in suite (built once per version, a few minutes)")
         with multihost.primary_first("tasks"):  # A suite built once, then read.
@@ -124,6 +136,7 @@ class Trainer:
             self.console.note(f"outcomes: executor {config.executor.kind}")
             outcomes, environment = builder.make_outcomes(config)
         self.source = multihost.SharedOutcomes(outcomes, environment=environment)
+        self.infra_watch = InfraWatch(config.executor.max_infra_steps)
         self.environment = self.source.environment
         self.runner = Runner(
             self.source, retries=config.executor.infra_retries,
@@ -188,9 +201,14 @@ class Trainer:
         key = jax.random.fold_in(self.key, -1 % 2**31)  # The same draws at every evaluation.
         result = evaluate(
             self.agent, self.state.params, self.tasks.heldout, self.source.evaluation_source(),
-            samples=self.config.eval_samples, key=key,
+            samples=self.config.eval_samples, key=key, retries=self.config.executor.infra_retries,
         )  # fmt: skip
-        return multihost.agree(result)  # Executed on process 0.
+        result = multihost.agree(result)  # Executed on process 0.
+        self.infra_watch.observe(
+            attempts=int(result["eval/executions"]), failed=int(result["eval/infra_errors"]),
+            where="a held-out evaluation",
+        )  # fmt: skip
+        return result
 
     # -- checkpoints -------------------------------------------------------
     def _maybe_restore(self) -> int:
@@ -321,6 +339,10 @@ class Trainer:
         g, programs = record.group_size, record.rollout.programs
         got = self.source.exchange(lambda: self.runner.collect(pending, record.tasks, programs, g))
         record.outcomes, record.exec_counts = got.outcomes, got.counts
+        self.infra_watch.observe(
+            attempts=got.executions, failed=got.counts["infra_errors"],
+            where=f"step {record.step}", message=self.runner.last_infra_message,
+        )  # fmt: skip
         record.partner = stages.partner_rewards(got.partners, record.num_rows)
         for i, out in record.outcomes.items():  # In-context anchors for later WM prompts.
             self.agent.observe(record.tasks[i // g], programs[i], out)
@@ -398,8 +420,9 @@ class Trainer:
                 writer.write(step, metrics)
                 self.console.step(step, metrics)
                 if step % c.checkpoint.every == 0 or step == last or final:
-                    best = {"eval/heldout_percentile": metrics["eval/heldout_percentile"]} \
-                        if "eval/heldout_percentile" in metrics else None  # fmt: skip
+                    # An evaluation without a usable execution (NaN) never ranks as best.
+                    pct = metrics.get("eval/heldout_percentile", math.nan)
+                    best = {"eval/heldout_percentile": pct} if math.isfinite(pct) else None
                     self._save(step, best, force=step == last or final)
             self.checkpointer.wait()
             if c.checkpoint.export_hf and (step == c.num_steps or schedule.spent(self.ledger)):
@@ -437,8 +460,21 @@ class Trainer:
         }
 
     def close(self) -> None:
-        self.checkpointer.close()
-        self.source.close()
+        """Closes the outcome source (its executors and sandboxes), the checkpoints and
+        the workdir's lock: each whatever the others raise; a second call does nothing."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        try:
+            if getattr(self, "source", None) is not None:
+                self.source.close()  # First: it stops the programs still running.
+        finally:
+            try:
+                if getattr(self, "checkpointer", None) is not None:
+                    self.checkpointer.close()
+            finally:
+                if getattr(self, "_lock", None) is not None:
+                    self._lock.release()
 
 
 def train_and_evaluate(

@@ -3,9 +3,9 @@
 A run resumes from its latest checkpoint (`wmrl_jax.train.loop.Trainer`), and
 the checkpoints must be its own: the same config, up to what a resumed run may
 change (`RESUMABLE_KEYS`: how long it trains, how often it evaluates, which
-checkpoints it keeps), and the same outcome source (a replay table's content
-digest). `check_resumable` compares both with the checkpoints' metadata before
-any state is read, and names every difference.
+checkpoints it keeps, how many programs run at once), and the same outcome
+source (a replay table's content digest). `check_resumable` compares both with
+the checkpoints' metadata before any state is read, and names every difference.
 
 Example:
     >>> resume_mismatch({"seed": 0, "num_steps": 4}, {"seed": 1, "num_steps": 8})
@@ -20,18 +20,25 @@ import ml_collections
 
 from wmrl_jax.train.config import base_config
 
-__all__ = ["RESUMABLE_KEYS", "check_resumable", "resume_mismatch"]
+__all__ = ["RESUMABLE_KEYS", "ResumeError", "check_resumable", "resume_mismatch"]
 
-# Config keys a resumed run may change: how long it trains, how often it evaluates,
-# which checkpoints it keeps. A change to any other key makes it another run.
-RESUMABLE_KEYS = ("num_steps", "eval_every", "checkpoint")
+# Config keys (dotted) a resumed run may change: how long it trains, how often it
+# evaluates, which checkpoints it keeps, how many programs run at once and when
+# failing executions stop it (neither changes an outcome). A change to any other key
+# makes it another run.
+RESUMABLE_KEYS = ("num_steps", "eval_every", "checkpoint", "executor.workers",
+                  "executor.max_infra_steps")  # fmt: skip
+
+
+class ResumeError(ValueError):
+    """A workdir holds checkpoints of another run; the message names every difference."""
 
 
 def resume_mismatch(
     saved: dict, current: dict, prefix: str = "", defaults: dict | None = None
 ) -> list[str]:
     """Dotted config keys whose values differ between two config dicts, outside
-    `RESUMABLE_KEYS` (top level only), sorted.
+    `RESUMABLE_KEYS` (dotted from the top level), sorted.
 
     A key the saved config lacks (an option added since the checkpoints were
     written) is no difference where its current value is its value in
@@ -39,7 +46,7 @@ def resume_mismatch(
     """
     out = []
     for k in sorted(set(saved) | set(current)):
-        if not prefix and k in RESUMABLE_KEYS:
+        if f"{prefix}{k}" in RESUMABLE_KEYS:
             continue
         a, b = saved.get(k, "<absent>"), current.get(k, "<absent>")
         default = (defaults or {}).get(k, "<absent>")
@@ -56,7 +63,7 @@ def resume_mismatch(
 def check_resumable(
     meta: dict, config: ml_collections.ConfigDict, *, fingerprint: str | None, directory: str
 ) -> None:
-    """Raises ValueError when the checkpoints were made by another run: another
+    """Raises `ResumeError` (a ValueError) when the checkpoints were made by another run: another
     config (outside `RESUMABLE_KEYS`) or another outcome source (a rebuilt table).
 
     Args:
@@ -81,7 +88,7 @@ def check_resumable(
     if meta.get("outcomes_fingerprint") != fingerprint:
         why.append(f"outcome source ({meta.get('outcomes_fingerprint')} != {fingerprint})")
     if why:
-        raise ValueError(
+        raise ResumeError(
             f"{directory} holds checkpoints of another run "
             f"({'; '.join(why)}): resume with the same config and outcome source, "
             "or start in a fresh workdir"

@@ -30,14 +30,19 @@ def write_json(path: str | pathlib.Path, payload: dict) -> None:
     path.write_text(json.dumps(_jsonable(payload), indent=1, allow_nan=False))
 
 
+def _percentile(value) -> str:
+    """A held-out percentile; "n/a" where no execution was usable (NaN, or None in JSON)."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
 def format_run_summary(summary: dict) -> str:
     """A training run's summary as a short markdown table."""
     ledger = summary["ledger"]
     rows = [
         ("arm", summary["arm"]),
         ("executor", summary["environment"]),
-        ("held-out percentile, before", f"{summary['heldout_before']:.3f}"),
-        ("held-out percentile, after", f"{summary['heldout_after']:.3f}"),
+        ("held-out percentile, before", _percentile(summary["heldout_before"])),
+        ("held-out percentile, after", _percentile(summary["heldout_after"])),
         ("real executions (training)", f"{int(ledger['executions'])}"),
         ("execution seconds (training)", f"{ledger['exec_seconds']:.1f}"),
         ("generation / WM seconds", f"{ledger['gen_seconds']:.1f} / {ledger['wm_seconds']:.1f}"),
