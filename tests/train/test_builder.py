@@ -94,3 +94,20 @@ def test_a_task_that_cannot_be_graded_fails_at_start(tmp_path, monkeypatch):
     monkeypatch.setattr(grading, "check_task", broken)
     with pytest.raises(ConfigError, match="task 'comp-c' cannot be graded: answers.csv"):
         builder.load_tasks(config)
+
+
+def test_an_executing_source_fingerprints_the_tasks_grader_side(tmp_path):
+    config = override(_dojo_config(tmp_path), **{"executor.kind": "local"})
+    tasks = [*builder.load_tasks(config).train, *builder.load_tasks(config).heldout]
+
+    def fingerprint():
+        outcomes, _ = builder.make_outcomes(config, tasks=tasks)
+        outcomes.close()
+        return outcomes.fingerprint
+
+    before = fingerprint()
+    assert before is not None and before == fingerprint()
+    answers = os.path.join(grading._private_dir(tasks[-1]), "answers.csv")
+    with open(answers, "a", encoding="utf-8") as f:
+        f.write("5,1\n")  # An answer edited between runs: the resume guard must see it.
+    assert fingerprint() != before

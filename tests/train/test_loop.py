@@ -381,3 +381,24 @@ def test_a_trainer_stopped_while_building_closes_what_it_opened(tmp_path, monkey
         loop.Trainer(config, str(tmp_path), outcomes=source)
     assert source.closed == 1
     WorkdirLock.acquire(str(tmp_path)).release()
+
+
+def test_the_trainer_hands_every_task_it_grades_to_the_outcome_source(tmp_path, monkeypatch):
+    # The source's fingerprint covers the tasks' grader side (answers, boards), so that
+    # the resume guard refuses a resume after they were edited.
+    seen = []
+    make = builder.make_outcomes
+
+    def recording(config, **kw):
+        seen.append(kw.get("tasks", ()))
+        return make(config, **kw)
+
+    monkeypatch.setattr(builder, "make_outcomes", recording)
+    trainer = loop.Trainer(_config(num_steps=1), str(tmp_path / "run"))
+    try:
+        sets = trainer.tasks
+        graded = sorted(t.id for t in [*sets.train, *sets.heldout, *sets.pretrain])
+        assert len(seen) == 1 and sorted(t.id for t in seen[0]) == graded
+        assert sets.train and sets.heldout
+    finally:
+        trainer.close()

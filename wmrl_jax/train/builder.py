@@ -139,8 +139,14 @@ def reward_floors(config: ml_collections.ConfigDict) -> grading.RewardFloors:
     )
 
 
-def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
+def make_outcomes(config: ml_collections.ConfigDict, *, table=None, tasks=()):
     """The outcome source: real execution in a sandbox, or replay of the recipe table.
+
+    Args:
+      config: the training config (`executor`, `rewards`).
+      table: the recipe table answering a replay (default: `executor.table`'s).
+      tasks: the tasks an executing source grades; their grader side (answers, boards,
+        grading fields) becomes its fingerprint, which the resume guard compares.
 
     Returns:
       `(outcomes, environment)`: an object with `submit(task, source)` and
@@ -165,7 +171,10 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
     elif kind in ("ray", "engines"):
         executor = _fanout_executor(config.executor, kwargs, gpus)
     elif kind == "local":
-        executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
+        try:
+            executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
+        except sandbox.InfraError as e:  # e.g. no namespaces to hide grader-side data
+            raise ConfigError(f"config.executor.kind='local' but: {e}") from e
     else:  # "auto"; the local backend warns that it does not isolate.
         try:
             executor = sandbox.make_executor(
@@ -189,6 +198,7 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None):
             floors=floors,
             timeout_s=kwargs["timeout_s"],
             num_replicates=config.executor.replicates,
+            tasks=tasks,
         ),
         environment,
     )

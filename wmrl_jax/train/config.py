@@ -23,6 +23,7 @@ import ml_collections
 
 from wmrl_jax import agents
 from wmrl_jax.envs import suite
+from wmrl_jax.sandbox.result import MAX_TIMEOUT_S as MAX_EXECUTION_TIMEOUT_S
 from wmrl_jax.train import arms, cost, distributed
 
 EXECUTORS = ("auto", "docker", "local", "replay", "ray", "engines")
@@ -32,10 +33,10 @@ ON_INFRA_ERROR = ("wm_only", "raise")
 TASK_SOURCES = ("builtin", "dir", "mle_dojo")
 WM_PARAMS = ("current", "initial")
 
-# The longest execution a config may ask for: 7 days. A "no limit" such as 1e9 s would
-# pass otherwise and overflow the backends' waits (a poll's timeout is at most
-# 2**31 ms, about 24.8 days), turning every run into an infrastructure error.
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# The longest execution a config may ask for is the sandbox's own bound (7 days): a "no
+# limit" such as 1e9 s would pass otherwise and overflow the backends' waits (a poll's
+# timeout is at most 2**31 ms, about 24.8 days), turning every run into an infra error.
+MAX_TIMEOUT_S = MAX_EXECUTION_TIMEOUT_S
 # The largest learning rate accepted: beyond 1.0 any optimizer here diverges at once.
 MAX_LR = 1.0
 # The reward scale (`wmrl_jax.envs.grading`): a valid submission earns its percentile

@@ -134,7 +134,10 @@ class Trainer:
         environment = ""
         if outcomes is None and primary:  # Only process 0 executes (`multihost`).
             self.console.note(f"outcomes: executor {config.executor.kind}")
-            outcomes, environment = builder.make_outcomes(config)
+            # The tasks' grader side is part of the source's fingerprint: a resume after
+            # an edit of answers or boards is refused by the resume guard.
+            tasks = [*self.tasks.train, *self.tasks.heldout, *self.tasks.pretrain]
+            outcomes, environment = builder.make_outcomes(config, tasks=tasks)
         self.source = multihost.SharedOutcomes(outcomes, environment=environment)
         self.infra_watch = InfraWatch(config.executor.max_infra_steps)
         self.environment = self.source.environment
