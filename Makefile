@@ -18,13 +18,13 @@ run: $(STAMP)
 	$(PY) -m experiments.train --config=experiments/configs/tiny_cpu.py --workdir=outputs/tiny_cpu
 
 study: $(STAMP)
-	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py --workdir=outputs/study_compute --readme=README.md
+	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py --workdir=outputs/study_compute --readme=README.md --docs=docs/compute_study.md
 
 controlled: $(STAMP)
-	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled --readme=README.md
+	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled --readme=README.md --docs=docs/controlled_study.md
 
 embodied: $(STAMP)
-	$(PY) -m experiments.study_embodied --config=experiments/configs/embodied.py --workdir=outputs/embodied --readme=README.md
+	$(PY) -m experiments.study_embodied --config=experiments/configs/embodied.py --workdir=outputs/embodied --readme=README.md --docs=docs/embodied.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

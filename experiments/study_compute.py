@@ -4,10 +4,13 @@ r"""Reproduces the headline: real-execution compute to reach the same agent, WMR
         --workdir=outputs/study_compute --readme=README.md
 
 Writes ``results.json`` (the config and every number), ``table.md``,
-``study_compute.png`` into ``--workdir`` and, with
-``--readme``, replaces the README's study section (between its
-``<!-- study:begin -->`` / ``<!-- study:end -->`` markers) with the new table
-and plot, so the README never carries hand-typed numbers.
+``study_compute.png`` into ``--workdir`` and, with ``--readme``, replaces
+the study section of ``docs/compute_study.md`` beside it (between its
+``<!-- study:begin -->`` / ``<!-- study:end -->`` markers; ``--docs`` names
+another page) with the headline, the tables and the plot (copied beside the
+page), and the README's ``study-headline`` section with the headline's
+answer, so neither carries hand-typed numbers. ``--docs`` alone writes only
+the page.
 
 ``--extend`` runs only the arms (and sweep runs) that ``--workdir/results.json``
 does not hold yet, e.g. arms added to ``config.study.arms`` after a study, and
@@ -28,7 +31,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from wmrl_jax.readme import write_section
+from wmrl_jax.readme import report_paths, write_report
 from wmrl_jax.studies import compute as study
 from wmrl_jax.studies import report
 from wmrl_jax.train import cost
@@ -38,7 +41,15 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", "experiments/configs/study_compute.py", "Study config.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", "outputs/study_compute", "Where outputs go.")
-_README = flags.DEFINE_string("readme", None, "README to update between the study markers.")
+_README = flags.DEFINE_string(
+    "readme", None, "README to update between the study-headline markers (the headline)."
+)
+_DOCS = flags.DEFINE_string(
+    "docs",
+    None,
+    "Page to update between the study markers (the full section); default: "
+    "docs/compute_study.md beside --readme.",
+)
 _RENDER_ONLY = flags.DEFINE_bool(
     "render_only",
     False,
@@ -49,7 +60,7 @@ _EXTEND = flags.DEFINE_bool(
     False,
     "Run only the runs --workdir/results.json lacks (same config but study.arms) and merge.",
 )
-_ASSETS = "docs"
+SECTION = "study"  # <!-- study:begin --> in docs/compute_study.md, study-headline in the README.
 # The arms beyond the paper, each with the idea it adds to `wmrl`.
 BEYOND = {
     "wmrl_memory": "anchor memory",
@@ -109,11 +120,15 @@ def earlier_runs(config, workdir: str) -> tuple[dict, float]:
     return earlier["runs"], earlier["wall_seconds"]
 
 
-def run_and_report(config, workdir: str, readme: str | None = None, extend: bool = False) -> dict:
-    """Runs the study, writes its outputs, optionally updates the README; returns the analysis.
+def run_and_report(
+    config, workdir: str, readme: str | None = None, extend: bool = False, docs: str | None = None
+) -> dict:
+    """Runs the study, writes its outputs, optionally updates the docs page and the README's
+    headline (`render`); returns the analysis.
 
     With `extend`, only the runs `workdir/results.json` lacks (`earlier_runs`).
     """
+    report_paths(SECTION, readme, docs)  # Missing pages fail now, not after the study.
     start = time.perf_counter()
     runs, earlier_wall = earlier_runs(config, workdir) if extend else ({}, 0.0)
     results = study.run_study(config, workdir, log=logging.info, skip=runs)
@@ -132,7 +147,7 @@ def run_and_report(config, workdir: str, readme: str | None = None, extend: bool
     results = runs
     payload.update(analyses(results, config))
     write_json(os.path.join(workdir, "results.json"), payload)
-    render(workdir, readme)
+    render(workdir, readme, docs)
     return payload["analysis"]
 
 
@@ -164,7 +179,29 @@ def _compare(a: dict, b: dict, few: bool) -> tuple[float, float, str]:
 
 
 def headline(analysis: dict) -> str:
-    """The README's headline: two questions answered in words, from the analysis alone."""
+    """The docs page's headline: two questions answered in words, from the analysis alone."""
+    return " ".join(_headline_lines(analysis))
+
+
+def short_headline(analysis: dict) -> str:
+    """The README's headline: the two questions and the aim (`headline`'s sentences on them),
+    and, where `wmrl` does not end above `anchors_only`, that the world model does not pay."""
+    lines = _headline_lines(analysis)
+    short = [line for line in lines if line.startswith(("**", "Our aim"))]
+    real, wmrl, control = analysis["real"], analysis["wmrl"], analysis.get("anchors_only")
+    if control is not None and _compare(wmrl, control, real["seeds"] < 2)[2] in (
+        "level with",
+        "below",
+    ):
+        short.append(
+            "The world model does not pay for itself on this benchmark: `wmrl` does not end "
+            "above `anchors_only`, which executes the same groups and trains on nothing else."
+        )
+    return " ".join(short)
+
+
+def _headline_lines(analysis: dict) -> list[str]:
+    """The headline's sentences, in order (`headline`, `short_headline`)."""
     real, wmrl = analysis["real"], analysis["wmrl"]
     control = analysis.get("anchors_only")
     gain = real["heldout_final"] - real["heldout_before"]
@@ -249,7 +286,7 @@ def headline(analysis: dict) -> str:
             + (f"; the real and WM errors correlate {corr:+.2f} (mean over steps)."
                if (corr := wmrl.get("anchor_error_corr")) is not None else ".")
         )  # fmt: skip
-    return " ".join(lines)
+    return lines
 
 
 def _variant_lines(analysis: dict, few: bool) -> list[str]:
@@ -278,8 +315,10 @@ def _variant_lines(analysis: dict, few: bool) -> list[str]:
     return lines
 
 
-def render(workdir: str, readme: str | None = None) -> None:
-    """Tables, the plot (and the README section) from `workdir/results.json`."""
+def render(workdir: str, readme: str | None = None, docs: str | None = None) -> None:
+    """Tables, the plot (and the docs page's section, the README's headline) from
+    `workdir/results.json`; `docs` defaults to the study's page beside `readme`."""
+    readme, docs = report_paths(SECTION, readme, docs)
     with open(os.path.join(workdir, "results.json")) as f:
         payload = json.load(f)
     config, analysis = payload["config"], payload["analysis"]
@@ -299,11 +338,10 @@ def render(workdir: str, readme: str | None = None) -> None:
     with open(os.path.join(workdir, "table.md"), "w") as f:
         f.write("\n".join(parts) + "\n")
     print("\n".join(parts))
-    if not readme:
+    if docs is None:  # Neither --readme nor --docs.
         return
-    root = os.path.dirname(os.path.abspath(readme))
-    os.makedirs(os.path.join(root, _ASSETS), exist_ok=True)
-    shutil.copy(plot, os.path.join(root, _ASSETS))
+    # The plot beside the docs page, which links it by name.
+    shutil.copy(plot, os.path.dirname(os.path.abspath(docs)))
     budget = config["budget"]["compute_seconds"]
     body = [
         f"`python -m experiments.study_compute` ({config['study']['num_seeds']} seeds; every "
@@ -336,17 +374,19 @@ def render(workdir: str, readme: str | None = None) -> None:
         ]
     if sweeps:
         body += ["", "Sweeps and variants (beside `wmrl` and its controls):", "", parts[-1]]
-    body += ["", f"![compute study]({_ASSETS}/study_compute.png)"]
-    write_section(readme, "study", "\n".join(body))
+    body += ["", "![compute study](study_compute.png)"]
+    write_report(SECTION, "\n".join(body), short_headline(analysis), readme=readme, docs=docs)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _RENDER_ONLY.value:
-        render(_WORKDIR.value, _README.value)
+        render(_WORKDIR.value, _README.value, _DOCS.value)
     else:
-        run_and_report(_CONFIG.value, _WORKDIR.value, _README.value, extend=_EXTEND.value)
+        run_and_report(
+            _CONFIG.value, _WORKDIR.value, _README.value, extend=_EXTEND.value, docs=_DOCS.value
+        )
 
 
 if __name__ == "__main__":

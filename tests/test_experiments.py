@@ -84,7 +84,10 @@ def test_kill_and_resume_continue_the_run(tmp_path):
 
 def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("# x\n<!-- study:begin -->\nold\n<!-- study:end -->\ntail\n")
+    readme.write_text("# x\n<!-- study-headline:begin -->\nold\n<!-- study-headline:end -->\n")
+    page = tmp_path / "docs" / "compute_study.md"
+    page.parent.mkdir()
+    page.write_text("# x\n<!-- study:begin -->\nold\n<!-- study:end -->\ntail\n")
     cmd = [
         sys.executable, "-m", "experiments.study_compute",
         "--config=experiments/configs/study_compute.py:runlocal",
@@ -119,10 +122,15 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
         for run in results["runs"][arm]:
             spent = run["steps"][-1]["ledger/compute_seconds"]
             assert spent >= budget or len(run["steps"]) == 6, (arm, spent)
-    text = readme.read_text()
+    # The full section goes to the docs page beside the README, its answer to the README.
+    text = page.read_text()
     assert "old" not in text and "| wmrl |" in text and text.endswith("tail\n")
     assert "| anchors_only |" in text and "Modelled ledger" in text
     assert "Does it beat `anchors_only`?" in text and "`wmrl_plus` (all three) ends" in text
+    assert "![compute study](study_compute.png)" in text
+    head = readme.read_text()
+    assert "old" not in head and "Does it beat `anchors_only`?" in head
+    assert "| wmrl |" not in head and "`wmrl_plus`" not in head
     proc = subprocess.run(  # --extend refuses a study that ran with another config
         cmd + ["--extend", "--config.num_steps=7"], cwd=REPO, capture_output=True, text=True,
         env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
@@ -130,6 +138,13 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     assert proc.returncode != 0 and "ran with another config" in proc.stderr
     assert "num_steps" in proc.stderr
     assert (tmp_path / "docs" / "study_compute.png").stat().st_size > 0
+    # A README without the page beside it is refused before any run, naming the flag.
+    page.unlink()
+    proc = subprocess.run(
+        cmd + [f"--readme={readme}"], cwd=REPO, capture_output=True, text=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "--docs" in proc.stderr and "compute_study.md" in proc.stderr
 
 
 # The absl entry point with its outcome source recorded: `close` writes the file

@@ -90,12 +90,21 @@ def test_study_command_end_to_end(tmp_path, monkeypatch):
     config = embodied.get_config("runlocal")
     monkeypatch.chdir(tmp_path)
     readme = tmp_path / "README.md"
-    readme.write_text("# x\n<!-- embodied:begin -->\nold\n<!-- embodied:end -->\n")
+    readme.write_text(
+        "# x\n<!-- embodied-headline:begin -->\nold\n<!-- embodied-headline:end -->\n"
+    )
+    page = tmp_path / "docs" / "embodied.md"
+    page.parent.mkdir()
+    page.write_text("# x\n<!-- embodied:begin -->\nold\n<!-- embodied:end -->\n")
+    monkeypatch.chdir(tmp_path / "docs")  # The plot goes beside the page, wherever the cwd is.
     analysis = study_embodied.run_and_report(config, str(tmp_path / "out"), str(readme))
-    text = readme.read_text()
-    assert "old" not in text and "| reacher | wmrl |" in text and "docs/embodied.png" in text
+    text = page.read_text()
+    assert "old" not in text and "| reacher | wmrl |" in text and "(embodied.png)" in text
     assert (tmp_path / "docs" / "embodied.png").stat().st_size > 1000
     assert "CPU-min in the runs" in text
+    head = readme.read_text()
+    assert "old" not in head and "| reacher |" not in head
+    assert report.headline(analysis) in head and report.headline(analysis) in text
     payload = json.loads((tmp_path / "out" / "results.json").read_text())
     runs = payload["results"]["reacher"]["arms"]
     budget, h, k = config.tasks.reacher.budget, 50, config.tasks.reacher.prefix_len

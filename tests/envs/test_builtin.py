@@ -36,6 +36,7 @@ def test_cli_rejects_bad_arguments(tmp_path, capsys):
         ["noise", "--resamples", "0"],
         ["noise", "--seeds", "1,x"],
         ["noise", "--readme", str(tmp_path / "absent.md")],
+        ["noise", "--docs", str(tmp_path / "absent.md")],
     ):
         with pytest.raises(SystemExit):
             builtin.main(argv)
@@ -108,3 +109,9 @@ def test_noise_cli_writes_the_readme_section(monkeypatch, capsys, tmp_path):
     assert "\nold\n" not in text and text.startswith("# x\n") and text.endswith("tail\n")
     assert "| 1 | 0 / 1 | 0.00 | 0.05 | iris |" in text
     assert "`python -m wmrl_jax.envs.builtin noise --only iris --seeds 0-1" in text
+    # --docs (the page that holds the section, docs/tasks.md) is the flag's name now.
+    page = tmp_path / "tasks.md"
+    page.write_text("# x\n<!-- board-checks:begin -->\nold\n<!-- board-checks:end -->\n")
+    assert builtin.main([*argv, "--docs", str(page)]) == 0
+    assert "| 1 | 0 / 1 | 0.00 (below 80%) | 0.05 | iris |" in page.read_text()
+    assert f"--docs {page}`" in page.read_text()

@@ -17,7 +17,12 @@ from wmrl_jax.studies import controlled
 def study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("controlled")
     readme = workdir / "README.md"
-    readme.write_text("# x\n<!-- controlled:begin -->\nold\n<!-- controlled:end -->\ntail\n")
+    readme.write_text(
+        "# x\n<!-- controlled-headline:begin -->\nold\n<!-- controlled-headline:end -->\n"
+    )
+    (workdir / "docs").mkdir()
+    page = workdir / "docs" / "controlled_study.md"
+    page.write_text("# x\n<!-- controlled:begin -->\nold\n<!-- controlled:end -->\ntail\n")
     proc = subprocess.run(
         [
             sys.executable,
@@ -61,8 +66,11 @@ def test_blind_spot_sweep_table_and_readme(study):
     )
     table = (workdir / "table.md").read_text()
     assert "| 0% |" in table and "| 15% |" in table and "wins among the arms" in table
+    page = (workdir / "docs" / "controlled_study.md").read_text()
+    assert "old" not in page and table.strip() in page and page.endswith("tail\n")
     readme = (workdir / "README.md").read_text()
-    assert "old" not in readme and table.strip() in readme and readme.endswith("tail\n")
+    assert "old" not in readme and "Best among the arms executing no more than `wmrl`" in readme
+    assert "| 15% |" not in readme
     # --render_only writes the same tables from results.json alone.
     (workdir / "table.md").unlink()
     proc = subprocess.run(

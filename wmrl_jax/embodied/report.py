@@ -1,16 +1,17 @@
-"""The embodied study's report: a markdown table, a plot and the README section.
+"""The embodied study's report: a markdown table, a plot, the docs section and the headline.
 
 Everything here is a function of `wmrl_jax.embodied.study.analyse`'s output,
-so the README never carries hand-typed numbers: the section between
-``<!-- embodied:begin -->`` and ``<!-- embodied:end -->`` is replaced whole
-(`wmrl_jax.readme.write_section(path, MARKER, body)`).
+so neither docs/embodied.md nor the README carries hand-typed numbers: the
+section between ``<!-- embodied:begin -->`` and ``<!-- embodied:end -->`` of
+the docs page and the README's ``embodied-headline`` section are replaced
+whole (`wmrl_jax.readme.write_report(MARKER, body, headline(...), ...)`).
 """
 
 from __future__ import annotations
 
 import math
 
-MARKER = "embodied"  # The README section: <!-- embodied:begin --> ... <!-- embodied:end -->
+MARKER = "embodied"  # <!-- embodied:begin --> ... <!-- embodied:end --> in docs/embodied.md
 
 
 def _fmt_ratio(a: dict, key: str) -> str:

@@ -268,7 +268,7 @@ def check_noise(
 
 
 def shares_markdown(per_seed: Mapping[int, Sequence[NoiseCheck]], *, command: str) -> str:
-    """The README's board-check section: per seed, then per board across seeds.
+    """The board-check section of docs/tasks.md: per seed, then per board across seeds.
 
     Args:
         per_seed: suite seed -> `check_noise` results of that seed's boards.

@@ -3,7 +3,7 @@
     python -m wmrl_jax.envs.builtin build --out DIR [--seed 0] [--workers 2] [--only ID,ID]
         [--suite core]
     python -m wmrl_jax.envs.builtin noise [--seeds 0,1] [--workers 2] [--only ID,ID]
-        [--suite core] [--resamples 200] [--readme README.md]
+        [--suite core] [--resamples 200] [--docs docs/tasks.md]
 
 Each task (`suite`) gets a board of a few hundred competitors (`ladder`):
 single models really fitted in parallel worker processes and scored on the
@@ -15,8 +15,8 @@ for every task and the share of boards passing all three checks (diagnostics:
 on small test sets they measure which rows the split drew), and exits 1 only
 on a structural failure (`board_structure.structural_problems`). `noise`
 refits the boards in memory and reports each board's bootstrap share
-(`board_checks.check_noise`); with `--readme` it rewrites the README's
-`board-checks` section.
+(`board_checks.check_noise`); with `--docs` (formerly `--readme`) it rewrites
+the `board-checks` section of that page (docs/tasks.md).
 
 Example:
     >>> root = cached_suite(seed=0)                             # doctest: +SKIP
@@ -135,7 +135,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def _noise(args, only, argv_text: str) -> int:
-    """Runs `check_noise` for each seed; with --readme, rewrites the section after each seed
+    """Runs `check_noise` for each seed; with --docs, rewrites the section after each seed
     (a long run that is stopped leaves the seeds it finished)."""
     per_seed = {}
     for seed in args.seeds:
@@ -154,10 +154,10 @@ def _noise(args, only, argv_text: str) -> int:
             f"draws; {time.perf_counter() - start:.1f} s",
             flush=True,
         )
-        if args.readme:
+        if args.docs:
             body = board_checks.shares_markdown(per_seed, command=argv_text)
-            readme.write_section(args.readme, README_SECTION, body)
-            print(f"wrote the {README_SECTION} section of {args.readme}", flush=True)
+            readme.write_section(args.docs, README_SECTION, body)
+            print(f"wrote the {README_SECTION} section of {args.docs}", flush=True)
     return 0
 
 
@@ -173,7 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     noise.add_argument("--seeds", default="0", help="suite seeds: 0,1,2 or 0-5")
     noise.add_argument("--resamples", type=int, default=200, help="bootstrap draws per board")
     noise.add_argument(
-        "--readme", default=None, help=f"rewrite this file's {README_SECTION} section"
+        "--docs",
+        "--readme",
+        dest="docs",
+        default=None,
+        help=f"rewrite this page's {README_SECTION} section (docs/tasks.md)",
     )
     for p in (cmd, noise):
         p.add_argument("--suite", default="core", choices=suite.SUITES, help="which suite")
@@ -189,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.seeds = _seeds(args.seeds)
             if args.resamples < 1:
                 raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
-            if args.readme and not os.path.isfile(args.readme):
-                raise ValueError(f"--readme {args.readme} is not a file")
+            if args.docs and not os.path.isfile(args.docs):
+                raise ValueError(f"--docs {args.docs} is not a file")
     except ValueError as e:
         parser.error(str(e))
     if args.command == "noise":
