@@ -2,13 +2,16 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
 from experiments.configs import qwen3_4b_mledojo
+from tests.envs import test_mle_bench
 from tests.envs.test_mle_dojo import make_competition
 from wmrl_jax.envs import grading
 from wmrl_jax.train import builder
+from wmrl_jax.train import config as config_lib
 from wmrl_jax.train.config import ConfigError, override
 
 AUC = {"name": "auc", "direction": "higher"}
@@ -111,3 +114,61 @@ def test_an_executing_source_fingerprints_the_tasks_grader_side(tmp_path):
     with open(answers, "a", encoding="utf-8") as f:
         f.write("5,1\n")  # An answer edited between runs: the resume guard must see it.
     assert fingerprint() != before
+
+
+def _bench_config(tmp_path, **overrides):
+    """Two MLE-bench competitions in the upstream layout, one per split."""
+    competitions, data = tmp_path / "mlebench" / "competitions", tmp_path / "data"
+    for name in ("bench-a", "bench-b"):
+        spec, prepared = test_mle_bench.make_competition(tmp_path / f"src-{name}")
+        shutil.copytree(spec, competitions / name)
+        text = (competitions / name / "config.yaml").read_text()
+        (competitions / name / "config.yaml").write_text(text.replace("toy-bench", name))
+        shutil.copytree(prepared / "toy-bench", data / name)
+    split_file = tmp_path / "split.json"
+    split_file.write_text(json.dumps({"train": ["bench-a"], "held-out": ["bench-b"]}))
+    fields = {
+        "tasks.source": "mle_bench",
+        "tasks.path": str(competitions),
+        "tasks.data_root": str(data),
+        "tasks.views": str(tmp_path / "views"),
+        "tasks.split_file": str(split_file),
+    }
+    return override(qwen3_4b_mledojo.get_config("runlocal"), **{**fields, **overrides})
+
+
+def test_every_task_source_has_a_loader():
+    assert set(builder.TASK_LOADERS) == set(config_lib.TASK_SOURCES)
+
+
+def test_mle_bench_source_gives_split_task_views(tmp_path):
+    config = _bench_config(tmp_path)
+    config_lib.validate_config(config)
+    sets = builder.load_tasks(config)
+    assert [t.id for t in sets.train] == ["bench-a"]
+    assert [t.id for t in sets.heldout] == ["bench-b"] and sets.pretrain == []
+    task = sets.heldout[0]
+    assert task.metric.name == "rmse" and task.metric.direction == "lower"  # from the board
+    submission = tmp_path / "submission.csv"
+    submission.write_text("id,y\n0,1.0\n1,2.0\n2,3.0\n")
+    result = grading.grade(task, str(submission))
+    assert result.valid and result.score == pytest.approx(0.0), result
+
+
+@pytest.mark.parametrize(
+    "field, match",
+    [
+        ("tasks.data_root", "config.tasks.data_root is required"),
+        ("tasks.split_file", "config.tasks.split_file is required"),
+    ],
+)
+def test_mle_bench_source_needs_its_files(tmp_path, field, match):
+    with pytest.raises(ConfigError, match=match):
+        builder.load_tasks(_bench_config(tmp_path, **{field: ""}))
+
+
+def test_a_broken_mle_bench_competition_is_named(tmp_path):
+    config = _bench_config(tmp_path)
+    os.remove(tmp_path / "mlebench" / "competitions" / "bench-b" / "leaderboard.csv")
+    with pytest.raises(ConfigError, match="MLE-bench competition 'bench-b'"):
+        builder.load_tasks(config)

@@ -37,25 +37,41 @@ def _split(tasks: list[Task], split: str) -> list[Task]:
     return sorted((t for t in tasks if t.split == split), key=lambda t: t.id)
 
 
-def load_tasks(config: ml_collections.ConfigDict) -> TaskSets:
-    """Loads the configured task directories and splits them."""
-    source = config.tasks.source
-    if source == "builtin":
-        from wmrl_jax.envs import builtin
+def _builtin_tasks(c: ml_collections.ConfigDict) -> list[Task]:
+    from wmrl_jax.envs import builtin
 
-        root = builtin.cached_suite(seed=config.tasks.suite_seed, suite_name=config.tasks.suite)
-        paths = [os.path.join(root, d) for d in sorted(os.listdir(root))]
-        tasks = [load_task(p) for p in paths if os.path.isdir(p)]
-    elif source == "dir":
-        root = os.path.expanduser(config.tasks.path)
-        tasks = [load_task(os.path.join(root, d)) for d in sorted(os.listdir(root))]
-    else:
-        tasks = load_mle_dojo_tasks(
-            config.tasks.path,
-            config.tasks.views,
-            config.tasks.split_file,
-            config.tasks.metrics_file,
-        )
+    root = builtin.cached_suite(seed=c.suite_seed, suite_name=c.suite)
+    paths = [os.path.join(root, d) for d in sorted(os.listdir(root))]
+    return [load_task(p) for p in paths if os.path.isdir(p)]
+
+
+def _dir_tasks(c: ml_collections.ConfigDict) -> list[Task]:
+    root = os.path.expanduser(c.path)
+    return [load_task(os.path.join(root, d)) for d in sorted(os.listdir(root))]
+
+
+def _mle_dojo_tasks(c: ml_collections.ConfigDict) -> list[Task]:
+    return load_mle_dojo_tasks(c.path, c.views, c.split_file, c.metrics_file)
+
+
+def _mle_bench_tasks(c: ml_collections.ConfigDict) -> list[Task]:
+    return load_mle_bench_tasks(c.path, c.data_root, c.views, c.split_file, c.metrics_file)
+
+
+# Where each `config.tasks.source` reads its tasks from (`config.TASK_SOURCES` names
+# the same keys); a loader gets the `config.tasks` section.
+TASK_LOADERS = {
+    "builtin": _builtin_tasks,
+    "dir": _dir_tasks,
+    "mle_dojo": _mle_dojo_tasks,
+    "mle_bench": _mle_bench_tasks,
+}
+
+
+def load_tasks(config: ml_collections.ConfigDict) -> TaskSets:
+    """Loads the configured task source's tasks, checks them and splits them."""
+    source = config.tasks.source
+    tasks = TASK_LOADERS[source](config.tasks)
     check_unique_ids(tasks)  # The execution cache keys on ids: two tasks must not share one.
     for t in tasks:  # A broken grader side fails here, in one line, not mid-run.
         try:
@@ -105,6 +121,52 @@ def load_mle_dojo_tasks(
         tasks.append(
             mle_dojo.make_task(comp, os.path.join(views, name), split=split, metric=metric_of[name])
         )
+    return tasks
+
+
+def load_mle_bench_tasks(
+    competitions: str, data_root: str, views: str, split_file: str, metrics_file: str = ""
+) -> list[Task]:
+    """MLE-bench prepared competitions as linked task views (see `envs.mle_bench`).
+
+    Args:
+      competitions: MLE-bench's competitions directory, one `<id>/` (config.yaml,
+        description.md, grade.py, leaderboard.csv) per competition.
+      data_root: the prepared data root that each `config.yaml`'s dataset paths are
+        relative to (`<data_root>/<id>/prepared/{public,private}`).
+      views: where the view directories are written (links, no copies).
+      split_file: the user's split (`{"train": [...], "held-out": [...]}` or the
+        upstream `competition.json` form); only the competitions it names are loaded.
+      metrics_file: optional JSON `{id: {"name": metric, "direction": ...}}`; without
+        an entry a competition's `grader.name` must name a contract metric, and its
+        direction is inferred from the board as MLE-bench does.
+    """
+    import json
+
+    from wmrl_jax.envs import mle_bench, mle_dojo
+
+    if not data_root:
+        raise ConfigError("config.tasks.data_root is required for tasks.source='mle_bench'")
+    if not split_file:
+        raise ConfigError("config.tasks.split_file is required for tasks.source='mle_bench'")
+    competitions, views = os.path.expanduser(competitions), os.path.expanduser(views)
+    split = mle_dojo.load_split(os.path.expanduser(split_file))
+    metric_of = {}
+    if metrics_file:
+        with open(os.path.expanduser(metrics_file), encoding="utf-8") as f:
+            metric_of = json.load(f)
+    tasks = []
+    for name in sorted(split):
+        try:
+            comp = mle_bench.load_competition(
+                os.path.join(competitions, name), os.path.expanduser(data_root)
+            )
+            task = mle_bench.make_task(
+                comp, os.path.join(views, name), split=split, metric=metric_of.get(name)
+            )
+        except ValueError as e:
+            raise ConfigError(f"MLE-bench competition {name!r}: {e}") from e
+        tasks.append(task)
     return tasks
 
 

@@ -30,7 +30,7 @@ EXECUTORS = ("auto", "docker", "local", "replay", "ray", "engines")
 ANCHOR_POLICIES = arms.ANCHOR_POLICIES
 ANCHOR_SCORES = ("exploit", "uncertainty")
 ON_INFRA_ERROR = ("wm_only", "raise")
-TASK_SOURCES = ("builtin", "dir", "mle_dojo")
+TASK_SOURCES = ("builtin", "dir", "mle_dojo", "mle_bench")
 WM_PARAMS = ("current", "initial")
 
 # The longest execution a config may ask for is the sandbox's own bound (7 days): a "no
@@ -111,13 +111,14 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.cost_model.train_tokens = 0.0
 
     config.tasks = ml_collections.ConfigDict()
-    config.tasks.source = "builtin"  # "builtin", "dir" or "mle_dojo".
+    config.tasks.source = "builtin"  # "builtin", "dir", "mle_dojo" or "mle_bench".
     config.tasks.suite_seed = 0
     config.tasks.suite = "core"  # The built-in suite: "core" (22 tasks) or "grown" (56).
     config.tasks.path = ""
     config.tasks.views = ""
     config.tasks.split_file = ""
     config.tasks.metrics_file = ""
+    config.tasks.data_root = ""  # mle_bench: the prepared data root.
 
     config.agent = ml_collections.ConfigDict()
     config.agent.kind = agent_kind
@@ -344,7 +345,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         except ValueError as e:
             raise ConfigError(str(e)) from e
     _validate_agent(config)
-    if config.tasks.source in ("dir", "mle_dojo") and not config.tasks.path:
+    if config.tasks.source in ("dir", "mle_dojo", "mle_bench") and not config.tasks.path:
         raise ConfigError(f"config.tasks.path is required for tasks.source={config.tasks.source!r}")
 
 
