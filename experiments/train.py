@@ -37,6 +37,8 @@ directory), else from ``config.agent.text.checkpoint``'s config.json.
 
 from __future__ import annotations
 
+import logging as std_logging
+import os
 import signal
 import sys
 
@@ -134,7 +136,14 @@ def main(argv):
             f"checkpoints saved so far kept in {_WORKDIR.value}; rerun the same command to resume",
             file=sys.stderr,
         )
-        sys.exit(128 + signum)
+        # The trainer has closed its executors, checkpoints and lock. The signal may have
+        # cut a library's background work short (an asynchronous checkpoint's event loop),
+        # whose threads then print tracebacks while the interpreter tears down: leave
+        # without that teardown, so the run ends on the line above.
+        std_logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
     finally:
         signal.signal(signal.SIGTERM, previous)
     if distributed.is_primary():  # The report is process 0's; the others only trained.

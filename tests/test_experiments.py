@@ -174,8 +174,10 @@ app.run(train.main)
 def test_sigterm_closes_the_executor_and_a_second_trainer_is_refused(tmp_path):
     workdir, closed = tmp_path / "run", tmp_path / "closed"
     flags = [f"--workdir={workdir}", "--config=experiments/configs/tiny_cpu.py:runlocal",
-             "--config.executor.kind=replay", "--config.num_steps=200", "--config.eval_every=100",
-             "--config.optimizer.total_steps=200"]  # fmt: skip
+             "--config.executor.kind=replay", "--config.num_steps=20000",
+             "--config.eval_every=10000", "--config.optimizer.total_steps=20000"]  # fmt: skip
+    # 20,000 replayed steps take far longer than the test: the run is still going when
+    # the signal comes, however fast the machine and however warm the compilation cache.
     env = dict(os.environ, JAX_PLATFORMS="cpu", WMRL_TEST_CLOSED=str(closed))
     proc = subprocess.Popen(
         [sys.executable, "-c", _RECORDED_MAIN, *flags], cwd=REPO, env=env,

@@ -113,5 +113,5 @@ def test_noise_cli_writes_the_readme_section(monkeypatch, capsys, tmp_path):
     page = tmp_path / "tasks.md"
     page.write_text("# x\n<!-- board-checks:begin -->\nold\n<!-- board-checks:end -->\n")
     assert builtin.main([*argv, "--docs", str(page)]) == 0
-    assert "| 1 | 0 / 1 | 0.00 (below 80%) | 0.05 | iris |" in page.read_text()
+    assert "| 1 | 0 / 1 | 0.00 | 0.05 | iris |" in page.read_text()
     assert f"--docs {page}`" in page.read_text()

@@ -17,8 +17,9 @@ def main(name: str) -> None:
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     plain = models.from_pretrained(fixture_path(name))
     # Qwen3.5's recurrent state carries the changed float32 summation order of the
-    # sharded matmuls through the sequence: up to ~5e-5 on these O(1) logits.
-    atol = 1e-4 if isinstance(plain.config, models.Qwen3_5Config) else 1e-5
+    # sharded matmuls through the sequence: typically up to ~5e-5 on these O(1) logits,
+    # and once 1.08e-4 (one of 159,744 logits) on a clean install.
+    atol = 2e-4 if isinstance(plain.config, models.Qwen3_5Config) else 1e-5
     sharded = models.from_pretrained(fixture_path(name), mesh=mesh)
 
     params = nnx.to_pure_dict(sharded.params)
