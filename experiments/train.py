@@ -37,8 +37,6 @@ directory), else from ``config.agent.text.checkpoint``'s config.json.
 
 from __future__ import annotations
 
-import logging as std_logging
-import os
 import signal
 import sys
 
@@ -49,7 +47,7 @@ from wmrl_jax.envs.grading import TaskError
 from wmrl_jax.envs.task import ManifestError
 from wmrl_jax.models import architectures
 from wmrl_jax.sandbox.files import InputError
-from wmrl_jax.train import distributed, loop, memory, mesh, multihost, summary
+from wmrl_jax.train import distributed, loop, memory, mesh, multihost, stopping, summary
 from wmrl_jax.train.checkpoint import CheckpointError
 from wmrl_jax.train.config import ConfigError
 from wmrl_jax.train.evaluation import ExecutionFailure
@@ -87,20 +85,6 @@ USER_ERRORS = (ConfigError, ManifestError, TaskError, InputError, CheckpointErro
                WorkdirBusy, ExecutionFailure)  # fmt: skip
 
 
-class Stopped(BaseException):
-    """A signal asked the run to stop (a BaseException: no `except Exception` swallows it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _stop(signum, frame):
-    # A second signal is ignored: it must not cut the clean-up of the first one short.
-    signal.signal(signum, signal.SIG_IGN)
-    raise Stopped(signum)
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -119,33 +103,25 @@ def main(argv):
             print("error: the run does not fit: " + "; ".join(plan.problems), file=sys.stderr)
             sys.exit(1)
         return
-    # SIGTERM (a preemption, a time limit) unwinds like Ctrl-C: the trainer closes its
-    # executors (their sandboxes stopped and removed) and its checkpoints, then exits
-    # non-zero; rerunning the same command resumes from the last checkpoint.
-    previous = signal.signal(signal.SIGTERM, _stop)
+    # SIGTERM (a preemption, a time limit) and Ctrl-C stop the run (never in the middle
+    # of a checkpoint write: `stopping`); the trainer closes its executors (their
+    # sandboxes stopped and removed), its checkpoints and its lock, then the process
+    # exits 128 + the signal; rerunning the same command resumes from the last checkpoint.
     try:
-        multihost.join(_CONFIG.value)  # Several processes: before any other JAX call.
-        result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
+        with stopping.on_signals():
+            multihost.join(_CONFIG.value)  # Several processes: before any other JAX call.
+            result = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, console=True)
     except USER_ERRORS as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
-    except (Stopped, KeyboardInterrupt) as e:
-        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+    except (stopping.Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, stopping.Stopped) else signal.SIGINT
         print(
             f"error: stopped by {signal.Signals(signum).name}: executors closed and the "
             f"checkpoints saved so far kept in {_WORKDIR.value}; rerun the same command to resume",
             file=sys.stderr,
         )
-        # The trainer has closed its executors, checkpoints and lock. The signal may have
-        # cut a library's background work short (an asynchronous checkpoint's event loop),
-        # whose threads then print tracebacks while the interpreter tears down: leave
-        # without that teardown, so the run ends on the line above.
-        std_logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + signum)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        sys.exit(128 + signum)
     if distributed.is_primary():  # The report is process 0's; the others only trained.
         print(summary.write_run_report(result, _WORKDIR.value))
     logging.info("Wrote %s", _WORKDIR.value)

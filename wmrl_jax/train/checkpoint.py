@@ -44,6 +44,7 @@ from orbax.checkpoint import checkpoint_managers
 
 from wmrl_jax.models import api
 from wmrl_jax.models.config import config_from_dict
+from wmrl_jax.train import stopping
 
 __all__ = ["CheckpointError", "Checkpointer", "export_hf"]
 
@@ -161,7 +162,7 @@ class Checkpointer:
             metrics = {k: _json_float(v) for k, v in metrics.items()}
         elif self.best_metric is not None:
             metrics = {}  # orbax wants metrics when tracking best; empty ranks worst.
-        with self._disk_errors(f"writing checkpoint step {step}"):
+        with stopping.deferred(), self._disk_errors(f"writing checkpoint step {step}"):
             return self._manager.save(int(step), args=args, metrics=metrics, force=force)
 
     @contextlib.contextmanager
@@ -306,12 +307,12 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until pending asynchronous saves (and their cleanup) finish."""
-        with self._disk_errors("finishing a checkpoint"):
+        with stopping.deferred(), self._disk_errors("finishing a checkpoint"):
             self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for pending saves and releases the manager."""
-        with self._disk_errors("finishing a checkpoint"):
+        with stopping.deferred(), self._disk_errors("finishing a checkpoint"):
             self._manager.close()
 
     def __enter__(self) -> "Checkpointer":
