@@ -17,10 +17,10 @@ import pytest
 from tests.envs.conftest import base_manifest, write_csv
 from tests.models.conftest import load
 from wmrl_jax import models
-from wmrl_jax.agents.episodes import EnvironmentMessages, sequence_lengths
 from wmrl_jax.agents.programs import find_action
 from wmrl_jax.agents.text import default_config, validate_config
 from wmrl_jax.agents.text.agent import TextAgent
+from wmrl_jax.agents.text.episodes import EnvironmentMessages, sequence_lengths
 from wmrl_jax.envs.outcomes import SandboxOutcomes
 from wmrl_jax.envs.task import load_task
 from wmrl_jax.models.sampler import SampleOutput

@@ -1,5 +1,5 @@
 """The text agent's success path, end to end: the main job's text-agent runlocal on the
-tuned tiny checkpoint (`wmrl_jax.agents.text_fixture`) writes valid programs that are
+tuned tiny checkpoint (`wmrl_jax.agents.text.fixture`) writes valid programs that are
 executed and graded, world-model answers that parse, anchors that fit the debiasing map,
 and a policy update that moves the weights."""
 
@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from wmrl_jax.agents import text_fixture
 from wmrl_jax.agents.programs import PROGRAM_CAUSES, find_program
+from wmrl_jax.agents.text import fixture as text_fixture
 from wmrl_jax.models.safetensors_io import open_tensors
 from wmrl_jax.worldmodel.parsing import FAILURE_STATUSES, parse_wm_answer
 
@@ -28,7 +28,7 @@ WM_SAMPLES = 2
 
 needs_fixture = pytest.mark.skipif(
     not os.path.isfile(RECORD),
-    reason=f"no tuned checkpoint at {TUNED}: python -m wmrl_jax.agents.text_fixture builds it",
+    reason=f"no tuned checkpoint at {TUNED}: python -m wmrl_jax.agents.text.fixture builds it",
 )
 
 
@@ -101,7 +101,7 @@ def test_the_fixture_was_tuned_on_the_agents_current_prompts():
     shape = text_fixture.AgentShape(**record["shape"])
     assert text_fixture.prompts_digest(shape) == record["prompts_digest"], (
         "the agent's prompts changed since the fixture was tuned: rebuild it with "
-        "python -m wmrl_jax.agents.text_fixture"
+        "python -m wmrl_jax.agents.text.fixture"
     )
     assert record["check"]["rollout_programs"] > 0 and record["check"]["distinct_programs"] > 1
 

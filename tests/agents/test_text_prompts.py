@@ -9,8 +9,8 @@ import pytest
 
 from tests.agents.conftest import P, text_agent, text_task
 from wmrl_jax import models
-from wmrl_jax.agents.episodes import middle_cut
 from wmrl_jax.agents.text import prompts
+from wmrl_jax.agents.text.episodes import middle_cut
 from wmrl_jax.agents.text.prompts import solver_instructions
 from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
 

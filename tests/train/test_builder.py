@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from experiments.configs import qwen3_4b_mledojo
+from experiments.configs import qwen3_4b_mledojo, tiny_cpu
 from tests.envs import test_mle_bench
 from tests.envs.test_mle_dojo import make_competition
 from wmrl_jax.envs import grading
@@ -139,6 +139,23 @@ def _bench_config(tmp_path, **overrides):
 
 def test_every_task_source_has_a_loader():
     assert set(builder.TASK_LOADERS) == set(config_lib.TASK_SOURCES)
+
+
+def test_every_executor_kind_has_a_builder():
+    # "replay" answers from the recipe table; every other kind builds a sandbox executor.
+    assert set(builder.EXECUTORS) | {"replay"} == set(config_lib.EXECUTORS)
+
+
+def test_an_executor_that_cannot_run_is_a_config_error(monkeypatch):
+    from wmrl_jax import sandbox
+
+    def engine_down(c):
+        raise sandbox.InfraError("the Docker engine is not reachable")
+
+    monkeypatch.setitem(builder.EXECUTORS, "docker", engine_down)
+    config = override(tiny_cpu.get_config(), **{"executor.kind": "docker"})
+    with pytest.raises(ConfigError, match="executor.kind='docker' but: the Docker engine"):
+        builder.make_outcomes(config)
 
 
 def test_mle_bench_source_gives_split_task_views(tmp_path):

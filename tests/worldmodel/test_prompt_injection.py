@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from markdown_it import MarkdownIt
 
-from wmrl_jax.agents.episodes import cut_transcript, render_transcript
+from wmrl_jax.agents.text.episodes import cut_transcript, render_transcript
 from wmrl_jax.prompt_text import code_block, quote, valid_text
 from wmrl_jax.worldmodel import AnchorExample, parse_wm_answer, render_wm_prompt
 

@@ -8,7 +8,12 @@ A kind is a module with four members:
   sub-config (run before any work);
 * `make_agent(config, context: AgentContext) -> Built`: the factory, given
   that sub-config and the run-wide context;
-* `CAPABILITIES`: a `Capabilities` record the config validator reads.
+* `CAPABILITIES`: a `Capabilities` record the config validator reads;
+* with `CAPABILITIES.memory_plan`, `memory_workload(config) -> dict`: the
+  sequence lengths, dtype and world-model sampling of that sub-config, as the
+  fields of `wmrl_jax.train.memory.Workload` (the plan never reads a kind's
+  sub-config itself); its length knobs are `max_prompt_tokens`,
+  `max_new_tokens` and `anchors_per_task`.
 
 Registered kinds:
 
@@ -44,6 +49,7 @@ __all__ = [
     "default_config",
     "kinds",
     "make",
+    "memory_workload",
     "validate",
 ]
 
@@ -86,3 +92,14 @@ def make(kind: str, config: ml_collections.ConfigDict, context: AgentContext, **
     `kwargs` are the kind's own extras (e.g. the recipe kind's preloaded `table`).
     """
     return _module(kind).make_agent(config, context, **kwargs)
+
+
+def memory_workload(kind: str, config: ml_collections.ConfigDict) -> dict:
+    """What `config.agent.<kind>` decides of a memory plan (see the module docstring).
+
+    Raises:
+      ValueError: `kind` has no memory plan.
+    """
+    if not capabilities(kind).memory_plan:
+        raise ValueError(f"agent kind {kind!r} has no memory plan")
+    return _module(kind).memory_workload(config)

@@ -41,7 +41,7 @@ class Rollout(NamedTuple):
       features: int categorical program features of shape [N, F] for the local
         correction (`Capabilities.program_features` = F), or None (F = 0).
       transcripts: per row, what happened before the submission in a
-        multi-turn episode (`wmrl_jax.agents.episodes`), shown to the world
+        multi-turn episode (`wmrl_jax.agents.text.episodes`), shown to the world
         model; empty for single-turn samples.
       tool_calls: sandbox tool calls made during the episodes (not
         executions of the submitted programs).

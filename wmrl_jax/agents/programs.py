@@ -27,7 +27,7 @@ Causes (`PROGRAM_CAUSES`): "ok"; "empty" (blank text or only blank
 candidates); "syntax_error" (a candidate block, the last non-blank one, does
 not parse: its error is in `detail`); "no_code" (prose, or only candidates
 that do nothing); "no_submission" (an episode of several turns that ended
-without submitting, `wmrl_jax.agents.episodes`; `find_program` never says it);
+without submitting, `wmrl_jax.agents.text.episodes`; `find_program` never says it);
 "episode_error" (an episode the environment failed on, ended without a
 program; `find_program` never says it either).
 

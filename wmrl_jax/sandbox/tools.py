@@ -1,6 +1,6 @@
 """The environment's tools in an episode: data information and validation on a sample.
 
-An episode (`wmrl_jax.agents.episodes`) is a short conversation between the
+An episode (`wmrl_jax.agents.text.episodes`) is a short conversation between the
 agent and a task's environment. Besides submitting (the final program, graded
 by the trainer's outcome source like any program), the agent may call:
 

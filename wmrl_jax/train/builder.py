@@ -212,58 +212,108 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None, tasks=()):
 
     Returns:
       `(outcomes, environment)`: an object with `submit(task, source)` and
-      `close()`, and a word for the logs ("docker", "local", "replay").
+      `close()`, and a word for the logs ("docker", "local", "replay", ...).
     """
     from wmrl_jax.envs import outcomes as outcomes_lib
 
     floors = reward_floors(config)
     kind = config.executor.kind
-    if kind == "replay":
+    if kind == "replay":  # The recipe table answers; nothing is executed.
         table = table if table is not None else load_table(config)
         return outcomes_lib.ReplayExecutor(table, floors=floors), "replay"
     from wmrl_jax import sandbox
 
-    kwargs = dict(max_workers=config.executor.workers, timeout_s=config.executor.timeout_s)
-    gpus = _gpu_kwargs(config.executor)
-    if kind == "docker":
-        try:
-            executor = sandbox.DockerExecutor(config.executor.image or None, **kwargs, **gpus)
-        except sandbox.InfraError as e:
-            raise ConfigError(f"config.executor.kind='docker' but: {e}") from e
-    elif kind in ("ray", "engines"):
-        executor = _fanout_executor(config.executor, kwargs, gpus)
-    elif kind == "local":
-        try:
-            executor = sandbox.LocalExecutor(python=sys.executable, **kwargs)
-        except sandbox.InfraError as e:  # e.g. no namespaces to hide grader-side data
-            raise ConfigError(f"config.executor.kind='local' but: {e}") from e
-    else:  # "auto"; the local backend warns that it does not isolate.
-        try:
-            executor = sandbox.make_executor(
-                config.executor.image or None, python=sys.executable, **kwargs, **gpus
-            )
-        except sandbox.InfraError as e:  # only with GPUs: no local fallback for them
-            raise ConfigError(f"config.executor.gpus={config.executor.gpus!r} but: {e}") from e
+    c = config.executor
+    try:
+        executor, environment = EXECUTORS[kind](c)
+    except sandbox.InfraError as e:
+        raise ConfigError(f"config.executor.kind={kind!r} but: {e}") from e
     if isinstance(executor, sandbox.DockerExecutor) and executor.gpu_refusal:
         # No GPU runtime: every run would be an infra_error; say so before training.
         executor.close()
-        raise ConfigError(
-            f"config.executor.gpus={config.executor.gpus!r} but {executor.gpu_refusal}"
-        )
-    if kind in ("ray", "engines"):
-        environment = kind
-    else:
-        environment = "local" if isinstance(executor, sandbox.LocalExecutor) else "docker"
+        raise ConfigError(f"config.executor.gpus={c.gpus!r} but {executor.gpu_refusal}")
     return (
         outcomes_lib.SandboxOutcomes(
-            executor,
-            floors=floors,
-            timeout_s=kwargs["timeout_s"],
-            num_replicates=config.executor.replicates,
+            executor, floors=floors, timeout_s=c.timeout_s, num_replicates=c.replicates,
             tasks=tasks,
         ),
         environment,
+    )  # fmt: skip
+
+
+# Executors of `config.executor.kind`: each builds a sandbox executor from
+# `config.executor` and names its environment for the logs; a backend that cannot
+# run raises `sandbox.InfraError` (reported as a `ConfigError`).
+def _docker_executor(c: ml_collections.ConfigDict):
+    from wmrl_jax import sandbox
+
+    return sandbox.DockerExecutor(c.image or None, **_run_kwargs(c), **_gpu_kwargs(c)), "docker"
+
+
+def _local_executor(c: ml_collections.ConfigDict):
+    from wmrl_jax import sandbox
+
+    # Refuses where it cannot hide the grader-side data (no user namespaces).
+    return sandbox.LocalExecutor(python=sys.executable, **_run_kwargs(c)), "local"
+
+
+def _auto_executor(c: ml_collections.ConfigDict):
+    """Docker if it can run, else the local backend (which says what it isolates);
+    with GPUs there is no local fallback."""
+    from wmrl_jax import sandbox
+
+    executor = sandbox.make_executor(
+        c.image or None, python=sys.executable, **_run_kwargs(c), **_gpu_kwargs(c)
     )
+    return executor, "local" if isinstance(executor, sandbox.LocalExecutor) else "docker"
+
+
+def _ray_executor(c: ml_collections.ConfigDict):
+    """Executions fanned out over a Ray cluster's nodes, each running Docker."""
+    import functools
+
+    from wmrl_jax import sandbox
+    from wmrl_jax.sandbox.ray_executor import RayExecutor
+
+    make = functools.partial(
+        sandbox.DockerExecutor, c.image or None, timeout_s=c.timeout_s, **_gpu_kwargs(c)
+    )
+    executor = RayExecutor(
+        c.ray_address or None, slots_per_node=c.workers, make_executor=make,
+        node_resource=c.ray_node_resource or None, **_fanout_kwargs(c),
+    )  # fmt: skip
+    return executor, "ray"
+
+
+def _engines_executor(c: ml_collections.ConfigDict):
+    """Executions fanned out over several Docker engines."""
+    from wmrl_jax.sandbox.remote import EnginePool, engines_from_env
+
+    urls = [u.strip() for u in c.engines.split(",") if u.strip()] or engines_from_env()
+    if not urls:
+        raise ConfigError("config.executor.engines (or WMRL_DOCKER_ENGINES) names no engine")
+    pool = EnginePool(
+        urls, c.image or None, slots=c.workers, timeout_s=c.timeout_s,
+        **_fanout_kwargs(c), **_gpu_kwargs(c),
+    )  # fmt: skip
+    return pool, "engines"
+
+
+EXECUTORS = {
+    "auto": _auto_executor,
+    "docker": _docker_executor,
+    "local": _local_executor,
+    "ray": _ray_executor,
+    "engines": _engines_executor,
+}
+
+
+def _run_kwargs(c: ml_collections.ConfigDict) -> dict:
+    return dict(max_workers=c.workers, timeout_s=c.timeout_s)
+
+
+def _fanout_kwargs(c: ml_collections.ConfigDict) -> dict:
+    return dict(max_retries=c.infra_retries, deadline_s=c.deadline_s or None)
 
 
 def check_workdir(path: str) -> None:
@@ -291,35 +341,6 @@ def _gpu_kwargs(c: ml_collections.ConfigDict) -> dict:
         gpus_per_program=c.gpus_per_program or None,
         gpu_memory_fraction=c.gpu_memory_fraction or None,
     )
-
-
-def _fanout_executor(c: ml_collections.ConfigDict, kwargs: dict, gpus: dict):
-    """Executions fanned out over a Ray cluster's nodes or several Docker engines."""
-    import functools
-
-    from wmrl_jax import sandbox
-    from wmrl_jax.sandbox.remote import EnginePool, engines_from_env
-
-    fan = dict(max_retries=c.infra_retries, deadline_s=c.deadline_s or None)
-    try:
-        if c.kind == "ray":
-            from wmrl_jax.sandbox.ray_executor import RayExecutor
-
-            make = functools.partial(
-                sandbox.DockerExecutor, c.image or None, timeout_s=kwargs["timeout_s"], **gpus
-            )
-            return RayExecutor(
-                c.ray_address or None, slots_per_node=c.workers, make_executor=make,
-                node_resource=c.ray_node_resource or None, **fan,
-            )  # fmt: skip
-        urls = [u.strip() for u in c.engines.split(",") if u.strip()] or engines_from_env()
-        if not urls:
-            raise ConfigError("config.executor.engines (or WMRL_DOCKER_ENGINES) names no engine")
-        return EnginePool(
-            urls, c.image or None, slots=c.workers, timeout_s=kwargs["timeout_s"], **fan, **gpus
-        )
-    except sandbox.InfraError as e:
-        raise ConfigError(f"config.executor.kind={c.kind!r} but: {e}") from e
 
 
 def load_table(config: ml_collections.ConfigDict):

@@ -34,7 +34,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from wmrl_jax.agents import episodes
+from wmrl_jax import agents
 from wmrl_jax.models import memory as model_memory
 
 GIB = 2**30
@@ -44,7 +44,6 @@ JAX_MEM_FRACTION = 0.75  # JAX's default share of an accelerator's memory.
 RESERVE = 2 * GIB  # Runtime, cuBLAS / cuDNN workspaces, fragmentation.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 AXES = ("data", "fsdp", "tensor")
-TEXT = "config.agent.text."  # Where the knobs of lengths live.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +92,8 @@ class Workload:
         reference: a frozen reference copy for the KL term (`kl_coef` != 0).
         frozen_wm: a frozen world-model copy (`agent.wm_params` = "initial").
         remat: per-layer rematerialisation in the train step.
+        agent_kind: the agent kind whose knobs (`config.agent.<kind>.`) a
+            problem names.
         unsharded_load: the agent loads its params onto the first device before
             they are sharded, and that copy stays alive (`make_agent` before it
             loaded onto the mesh).
@@ -113,6 +114,7 @@ class Workload:
     frozen_wm: bool = False
     remat: bool = False
     unsharded_load: bool = False
+    agent_kind: str = "text"  # Whose length knobs a problem names (config.agent.<kind>.).
 
     @property
     def wm_prompt(self) -> int:
@@ -125,29 +127,22 @@ class Workload:
 
 
 def workload_from_config(config, **fields) -> Workload:
-    """The `Workload` of a training config with a text agent (`config.agent.text`).
+    """The `Workload` of a training config whose agent kind has a memory plan.
 
-    `fields` override what the config does not say, e.g. `unsharded_load=False`
-    once the agent loads its params straight into their shardings.
+    The agent kind says its lengths, dtype and world-model sampling
+    (`agents.memory_workload`); the trainer's config the rest. `fields` override
+    what the config does not say, e.g. `unsharded_load=False` once the agent loads
+    its params straight into their shardings.
     """
-    text = config.agent.text
-    # An episode of K messages is planned as one generation at its longest prompt: the
-    # last message's, so prompt + new is the train row (K = 1: the single-turn lengths).
-    lengths = episodes.sequence_lengths(text)
     workload = Workload(
-        param_dtype=text.dtype,
+        **agents.memory_workload(config.agent.kind, config.agent[config.agent.kind]),
         compute_dtype=config.train.compute_dtype,
         rollout_rows=config.tasks_per_step * config.group_size,
-        prompt_tokens=lengths["prompt"],
-        new_tokens=lengths["new"],
-        anchors_per_task=text.anchors_per_task,
-        wm_samples=text.wm_samples,
-        wm_new_tokens=text.wm_max_new_tokens,
-        wm_prompt_tokens=text.get("wm_max_prompt_tokens") or None,
         microbatches=config.train.num_microbatches,
         reference=config.train.loss.kl_coef != 0,
         frozen_wm=config.agent.wm_params == "initial",
         remat=bool(config.train.get("remat", False)),
+        agent_kind=config.agent.kind,
     )
     return dataclasses.replace(workload, **fields)
 
@@ -369,7 +364,7 @@ def _knobs(config, w: Workload, p: MemoryPlan):
             a for a in range(w.anchors_per_task) if _ok_with(config, p, "wm", anchors_per_task=a)
         ]
         if fewer:
-            fixes.insert(0, f"{TEXT}anchors_per_task<={max(fewer)}")
+            fixes.insert(0, f"{_knob_prefix(w)}anchors_per_task<={max(fewer)}")
         yield (
             f"world model: one sequence of {w.wm_prompt}+{w.wm_new_tokens} tokens does not fit "
             f"({' or '.join(fixes)}{wider})"
@@ -381,6 +376,11 @@ def _knobs(config, w: Workload, p: MemoryPlan):
         )
 
 
+def _knob_prefix(w: Workload) -> str:
+    """Where the agent kind's length knobs live, e.g. "config.agent.text."."""
+    return f"config.agent.{w.agent_kind}."
+
+
 def _shorter(config, w: Workload, p: MemoryPlan, part: str) -> str:
     """The longest M (else P + M, halved between them) with which `part` fits."""
 
@@ -390,10 +390,10 @@ def _shorter(config, w: Workload, p: MemoryPlan, part: str) -> str:
 
     new = _largest(lambda m: fits(w.prompt_tokens, m), w.new_tokens)
     if new:
-        return f"{TEXT}max_new_tokens<={new}"
+        return f"{_knob_prefix(w)}max_new_tokens<={new}"
     total = _largest(lambda n: fits(n - n // 2, n // 2), w.prompt_tokens + w.new_tokens)
     if total:
-        return f"{TEXT}max_prompt_tokens + max_new_tokens <= {total}"
+        return f"{_knob_prefix(w)}max_prompt_tokens + max_new_tokens <= {total}"
     return "no shorter sequence fits"
 
 

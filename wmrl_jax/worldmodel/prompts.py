@@ -98,7 +98,7 @@ def render_wm_prompt(
         than this are truncated, with a note saying so.
       max_context_chars: the same for the description and the data report.
       transcript: what happened in a multi-turn episode before the program was
-        submitted (`wmrl_jax.agents.episodes.render_transcript`), shown in a code
+        submitted (`wmrl_jax.agents.text.episodes.render_transcript`), shown in a code
         block (the caller fits it to its budget); None for a single-turn sample.
 
     Returns:

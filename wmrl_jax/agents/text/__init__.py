@@ -4,9 +4,10 @@ Modules: `prompts` (the solver's instructions, the solver and world-model
 prompts fitted to fixed token budgets), `generation` (fixed-shape sampler
 calls and decoding), `agent` (`TextAgent`, the `Agent` protocol: rollouts,
 world-model predictions, in-context anchors). Episodes (`turns` > 1) are
-`wmrl_jax.agents.episodes`; finding the program in an answer is
+`wmrl_jax.agents.text.episodes`; finding the program in an answer is
 `wmrl_jax.agents.programs`. This module is the kind's registry entry:
-`default_config`, `validate_config`, `make_agent`, `CAPABILITIES`.
+`default_config`, `validate_config`, `make_agent`, `CAPABILITIES`, and
+`memory_workload` (what the memory plan needs from this kind).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.top_k = 0
     c.anchors_per_task = 0  # Executed anchors shown in later WM prompts.
     c.enable_thinking = False  # Qwen3 chat template switch.
-    # Episodes (wmrl_jax.agents.episodes): 1 = one program per sample; K > 1 = up to K
+    # Episodes (wmrl_jax.agents.text.episodes): 1 = one program per sample; K > 1 = up to K
     # messages of max_new_tokens each, with tool calls answered in between.
     c.turns = 1
     c.tool_max_tokens = 256  # E: tokens of one environment message in the transcript.
@@ -50,6 +51,26 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 TOOL_EXECUTORS = ("auto", "docker", "local")
+
+
+def memory_workload(config: ml_collections.ConfigDict) -> dict:
+    """What `config.agent.text` decides of a memory plan's `train.memory.Workload`.
+
+    An episode of K messages is planned as one generation at its longest prompt (the
+    last message's), so prompt + new is the train row (K = 1: the single-turn lengths).
+    """
+    from wmrl_jax.agents.text import episodes
+
+    lengths = episodes.sequence_lengths(config)
+    return {
+        "param_dtype": config.dtype,
+        "prompt_tokens": lengths["prompt"],
+        "new_tokens": lengths["new"],
+        "anchors_per_task": config.anchors_per_task,
+        "wm_samples": config.wm_samples,
+        "wm_new_tokens": config.wm_max_new_tokens,
+        "wm_prompt_tokens": config.get("wm_max_prompt_tokens") or None,
+    }
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
@@ -84,8 +105,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
 
 def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Built:
     """A `TextAgent` over the checkpoint at `config.checkpoint` (nothing is downloaded)."""
-    from wmrl_jax.agents.episodes import make_tools
     from wmrl_jax.agents.text.agent import TextAgent
+    from wmrl_jax.agents.text.episodes import make_tools
     from wmrl_jax.models import api
 
     validate_config(config)

@@ -6,7 +6,7 @@ instructions) and writes one Python program per sample; as the world model (WM)
 it reads `render_wm_prompt` for a (task, program) pair and answers with a JSON
 prediction, sampled K times and combined by the law of total variance.
 
-With `turns` > 1 a sample is an episode (`wmrl_jax.agents.episodes`): up to
+With `turns` > 1 a sample is an episode (`wmrl_jax.agents.text.episodes`): up to
 `turns` messages of `max_new_tokens` each, with sandbox tool calls (data
 information, validation on a sample) answered in between, and the world model
 judges the submission from the transcript before it. `turns` = 1 is the
@@ -33,10 +33,10 @@ import jax
 import numpy as np
 
 from wmrl_jax.agents.base import Rollout, WMOutput
-from wmrl_jax.agents.episodes import EnvironmentMessages, episode_instructions, run_episodes
 from wmrl_jax.agents.programs import extract_program, find_program
 from wmrl_jax.agents.text import generation
 from wmrl_jax.agents.text import prompts as prompts_lib
+from wmrl_jax.agents.text.episodes import EnvironmentMessages, episode_instructions, run_episodes
 from wmrl_jax.envs.grading import DEFAULT_FLOORS
 from wmrl_jax.models.sampler import sample
 from wmrl_jax.worldmodel.parsing import combine, failure_counts, parse_wm_answer, to_arrays

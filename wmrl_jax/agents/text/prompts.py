@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from wmrl_jax.agents.episodes import cut_transcript, middle_cut
+from wmrl_jax.agents.text.episodes import cut_transcript, middle_cut
 from wmrl_jax.prompt_text import break_control_tokens, valid_text
 from wmrl_jax.worldmodel.prompts import AnchorExample, render_wm_prompt
 
@@ -114,7 +114,7 @@ def solver_messages(
       task: the task (its description, data report, submission and metric).
       system_prompt: the system message (e.g. `SOLVER_SYSTEM`).
       actions: an episode's action instructions
-        (`wmrl_jax.agents.episodes.episode_instructions`), or None (one turn).
+        (`wmrl_jax.agents.text.episodes.episode_instructions`), or None (one turn).
       keep: characters of description and data report kept (None: all).
     """
     texts = [task.description.strip(), (task.data_report or "").strip()]

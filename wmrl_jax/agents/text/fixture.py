@@ -1,6 +1,6 @@
 r"""Builds the tuned tiny text checkpoint on which the text agent's success path runs.
 
-    python -m wmrl_jax.agents.text_fixture --out tests/agents/fixtures/qwen3_text_tuned
+    python -m wmrl_jax.agents.text.fixture --out tests/agents/fixtures/qwen3_text_tuned
 
 The committed random checkpoint `tests/models/fixtures/qwen3_gqa1_tied` (Qwen3,
 2 layers, width 64, the 384-token byte-level BPE tokenizer) writes gibberish:
@@ -35,7 +35,7 @@ was tuned on, and a check that samples the tuned model through
 Rebuild it whenever the agent's prompts, the built-in suite, the ``runlocal``
 lengths or this file change (`tests/agents/test_text_e2e.py` names a stale one):
 
-    python -m wmrl_jax.agents.text_fixture --out tests/agents/fixtures/qwen3_text_tuned
+    python -m wmrl_jax.agents.text.fixture --out tests/agents/fixtures/qwen3_text_tuned
 """
 
 from __future__ import annotations
