@@ -12,8 +12,9 @@ Measures (see `analyse`):
   compute (generation + world model + execution) and against execution
   seconds alone;
 * compute-to-target: the compute at which an arm's smoothed held-out
-  percentile first reaches the final smoothed percentile of `real` (per seed);
-  the headline is `real / wmrl`;
+  percentile first reaches the final smoothed percentile of `real` (per seed),
+  interpolated linearly between evaluation points (`analysis.reach`); the
+  headline is `real / wmrl`;
 * the bias and error variance of the rewards fed to GRPO (against each
   sample's true replayed reward), σ² estimates, fusion weights and the
   WM–real rank correlation, over training.
@@ -31,6 +32,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from wmrl_jax.studies import analysis
 from wmrl_jax.studies.oracle import replay_oracle
 from wmrl_jax.studies.smoothing import trailing_mean
 from wmrl_jax.train import builder, loop
@@ -221,12 +223,6 @@ def last_finite(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float:
-    """The first x at which y >= target (NaN if never)."""
-    hit = np.flatnonzero(y >= target - 1e-12)
-    return float(x[hit[0]]) if hit.size else float("nan")
-
-
 def step_series(summaries: Iterable[dict], key: str) -> np.ndarray:
     """A per-step metric of shape [seeds, steps] (NaN where absent, and after a run that
     stopped earlier than the longest, as budget-limited runs do)."""
@@ -244,8 +240,10 @@ def _ratio(base_reach: np.ndarray, reach: np.ndarray) -> np.ndarray:
 
 
 def _reach(x: np.ndarray, y: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Per seed (rows of x, y): the first x at which y reaches that seed's target."""
-    return np.array([first_reach(x[i], y[i], t) for i, t in enumerate(targets)])
+    """Per seed (rows of x, y): the x at which y reaches that seed's target, by the studies'
+    one definition (`analysis.reach`, interpolated between points); NaN: never."""
+    out = analysis.reach_rows(x, y, targets)
+    return np.where(np.isfinite(out), out, np.nan)
 
 
 def _smooth(x: np.ndarray, window: int) -> np.ndarray:
