@@ -26,6 +26,7 @@ from absl import logging
 
 from wmrl_jax.readme import report_paths, write_report
 from wmrl_jax.studies import compute as study
+from wmrl_jax.studies import compute_paired as paired
 from wmrl_jax.studies import report
 from wmrl_jax.train import cost
 from wmrl_jax.train.summary import write_json
@@ -42,7 +43,10 @@ BEYOND = {
 # Settings that may differ between a study and its extension: which runs, how many at once.
 # Settings that only add or drop runs (and the process count): an extension may change them
 # as long as every earlier run keeps its label and its overrides.
-_EXTENDABLE = ("arms", "workers", "variants", "rho_sweep", "warm_sweep", "warm_sweep_arms")
+_EXTENDABLE = (
+    "arms", "workers", "variants", "rho_sweep", "warm_sweep", "warm_sweep_arms",
+    "real_sweep_groups", "real_sweep_lr", "best_real",
+)  # fmt: skip
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -105,7 +109,10 @@ def run_and_report(
     os.makedirs(workdir, exist_ok=True)
     # Every eval point and every step's metrics: what `render` plots from.
     runs.update(
-        {k: [{"history": s["history"], "steps": s["steps"]} for s in v] for k, v in results.items()}
+        {
+            k: [{key: s[key] for key in ("history", "steps", "exact_start") if key in s} for s in v]
+            for k, v in results.items()
+        }
     )
     labels = [label for label, _ in study.study_runs(config)]
     runs = {label: runs[label] for label in labels}
@@ -126,6 +133,12 @@ def analyses(results: dict, config) -> dict:
     and the modelled one over the model sizes of `config.study.cost_sweep`."""
     smooth = config.study.smooth
     out = {"analysis": study.analyse(results, smooth=smooth)}
+    if paired.has_exact(results) and "real" in results:
+        out["exact"] = paired.analyse_exact(
+            results, margin=config.study.margin, smooth=config.study.exact_smooth
+        )
+        if any(label.startswith("real_g") for label in results):  # The real sweep's pick.
+            out["best_real"] = paired.best_real(out["exact"])
     model = cost.from_config(config)
     if model is not None:
         out["analysis_modelled"] = study.analyse(results, smooth=smooth, cost=model)
@@ -297,14 +310,18 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
     report.plot_compute_study(payload["runs"], arms, plot, step_series=study.step_series)
     sweeps = [label for label in analysis if label not in arms]
     table = report.format_study_table(analysis, arms)
-    parts = [table]
+    parts, sweep_table = [table], None
     if sweeps:
-        parts += [
-            "",
-            report.format_study_table(
-                analysis, [a for a in ("wmrl", "anchors_only", "real") if a in analysis] + sweeps
-            ),
-        ]
+        sweep_table = report.format_study_table(
+            analysis, [a for a in ("wmrl", "anchors_only", "real") if a in analysis] + sweeps
+        )
+        parts += ["", sweep_table]
+    exact = payload.get("exact")
+    if exact is not None:  # The exact, paired comparison (and the real sweep's pick).
+        parts += ["", paired.format_exact_table(exact)]
+        if "best_real" in payload:
+            parts += ["", f"Best `real` cell (highest final exact held-out percentile on these "
+                          f"seeds): `{payload['best_real']}`."]  # fmt: skip
     with open(os.path.join(workdir, "table.md"), "w") as f:
         f.write("\n".join(parts) + "\n")
     print("\n".join(parts))
@@ -320,6 +337,7 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
         f"{config['num_steps']} updates; {payload['wall_seconds'] / 60:.0f} min on this CPU).",
         "",
         headline(analysis),
+        *(["", " ".join(paired.exact_lines(exact))] if exact is not None else []),
         "",
         "Measured ledger:",
         "",
@@ -343,6 +361,9 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
             report.format_break_even({float(n): a for n, a in payload["break_even"].items()}),
         ]
     if sweeps:
-        body += ["", "Sweeps and variants (beside `wmrl` and its controls):", "", parts[-1]]
+        body += ["", "Sweeps and variants (beside `wmrl` and its controls):", "", sweep_table]
+    if exact is not None:
+        body += ["", "Exact expected values, paired over seeds:", "",
+                 paired.format_exact_table(exact)]  # fmt: skip
     body += ["", "![compute study](study_compute.png)"]
     write_report(SECTION, "\n".join(body), short_headline(analysis), readme=readme, docs=docs)
