@@ -82,3 +82,24 @@ def test_has_exact_needs_every_run():
     assert not paired.has_exact(results)
     with pytest.raises(ValueError, match="no run labelled"):
         paired.best_real({"rows": {"wmrl": {}}})
+
+
+def test_headline_comparison_pairs_the_seeds():
+    from wmrl_jax.studies import compute_report
+
+    a = np.array([0.50, 0.60, 0.70, 0.55, 0.65])
+    b = a - 0.02 + np.array([0.001, -0.001, 0.0, 0.002, -0.002])
+
+    def row(x):
+        se = x.std(ddof=1) / math.sqrt(len(x))
+        return {"heldout_final": x.mean(), "heldout_final_se": se}
+
+    # Unpaired, the seeds' spread hides the difference: within two standard errors.
+    assert compute_report._compare(row(a), row(b), False)[2] == "level with"
+    # Paired, it is clear: the 90% t interval of the per-seed differences excludes 0.
+    rows = [{**row(x), "heldout_final_seeds": x.tolist()} for x in (a, b)]
+    diff, se, side = compute_report._compare(*rows, False)
+    d = a - b
+    assert side == "above" and diff == pytest.approx(d.mean())
+    assert se == pytest.approx(d.std(ddof=1) / math.sqrt(5))
+    assert compute_report._compare(*rows, True)[2] == "(one seed) beside"

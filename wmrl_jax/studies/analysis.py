@@ -70,6 +70,11 @@ def reach(x, y, target: float) -> float:
     return float(x[j - 1] + frac * (x[j] - x[j - 1]))
 
 
+def finite(x: float) -> float | None:
+    """`x` as a float, or None where it is not finite (a target never reached: "never")."""
+    return float(x) if np.isfinite(x) else None
+
+
 def reach_rows(x, y, targets) -> np.ndarray:
     """`reach` per row (seed): rows of x and y [S, P] against `targets` [S] (or one scalar)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)

@@ -324,6 +324,7 @@ def analyse(
             "heldout_before": float(np.mean(cv["percentile"][:, 0])),
             "heldout_final": float(np.mean(final)),
             "heldout_final_se": float(np.std(final, ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
+            "heldout_final_seeds": final.tolist(),  # Paired over seeds by `analysis.paired`.
             "compute_total": float(np.mean(last_finite(cv["compute"]))),
             "exec_seconds_total": float(np.mean(last_finite(cv["exec_seconds"]))),
             # Charged executions are unique ones: the run's cache answers repeats (`cached`).

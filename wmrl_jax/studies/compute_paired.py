@@ -51,7 +51,7 @@ def _ratio_cells(base: np.ndarray, own: np.ndarray) -> dict:
     ratio = np.where(ok, base / np.where(ok, own, 1.0), np.nan)
     finite = ratio[np.isfinite(ratio)]
     return {
-        "ratio": [None if not np.isfinite(r) else float(r) for r in ratio],
+        "ratio": [analysis.finite(r) for r in ratio],
         "ratio_median": float(np.median(finite)) if finite.size else None,
         "ratio_lo": float(np.min(finite)) if finite.size else None,
         "ratio_hi": float(np.max(finite)) if finite.size else None,
@@ -92,7 +92,7 @@ def analyse_exact(
             "heldout_final_seeds": finals[label].tolist(),
             "train_start": float(np.mean(train_y[:, 0])),
             "train_final": float(np.mean(last_finite(_smoothed(train_y, smooth)))),
-            "to_target": [None if not np.isfinite(r) else float(r) for r in reach[label]],
+            "to_target": [analysis.finite(r) for r in reach[label]],
             "reached": int(np.sum(np.isfinite(reach[label]))),
             "compute_total": float(np.mean(last_finite(x))),
         }

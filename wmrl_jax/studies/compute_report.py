@@ -25,9 +25,9 @@ import ml_collections
 from absl import logging
 
 from wmrl_jax.readme import report_paths, write_report
+from wmrl_jax.studies import analysis, report
 from wmrl_jax.studies import compute as study
 from wmrl_jax.studies import compute_paired as paired
-from wmrl_jax.studies import report
 from wmrl_jax.train import cost
 from wmrl_jax.train.summary import write_json
 
@@ -153,11 +153,17 @@ def analyses(results: dict, config) -> dict:
 
 def _compare(a: dict, b: dict, few: bool) -> tuple[float, float, str]:
     """Final held-out difference a − b, its standard error, and where a ends relative to b
-    in words ("level with": within two standard errors)."""
+    in words. Paired over seeds where both rows hold their seeds' finals
+    (`analysis.paired`: "level with" while the 90% t interval holds 0); else, for an
+    earlier study's rows, unpaired ("level with": within two standard errors)."""
+    if few:
+        return a["heldout_final"] - b["heldout_final"], 0.0, "(one seed) beside"
+    if "heldout_final_seeds" in a and "heldout_final_seeds" in b:
+        p = analysis.paired(a["heldout_final_seeds"], b["heldout_final_seeds"])
+        side = "above" if p.lo > 0 else "below" if p.hi < 0 else "level with"
+        return p.mean, p.se, side
     diff = a["heldout_final"] - b["heldout_final"]
     se = math.hypot(a["heldout_final_se"], b["heldout_final_se"])
-    if few:
-        return diff, se, "(one seed) beside"
     return diff, se, "level with" if abs(diff) <= 2 * se else ("above" if diff > 0 else "below")
 
 
@@ -239,7 +245,7 @@ def _headline_lines(analysis: dict) -> list[str]:
             not few
             and wmrl["ratio_median"] is not None
             and wmrl["ratio_median"] >= 3
-            and diff > 2 * se
+            and side == "above"
         )
         lines.append(
             "Our aim, ≥ 3× against `real` and a clear win over `anchors_only`: "

@@ -40,7 +40,7 @@ from wmrl_jax.core import grpo
 from wmrl_jax.core import rho as rho_lib
 from wmrl_jax.core.stats import masked_mean
 from wmrl_jax.envs import simulated
-from wmrl_jax.studies.analysis import reach
+from wmrl_jax.studies.analysis import finite, reach
 from wmrl_jax.studies.smoothing import trailing_mean
 
 
@@ -254,11 +254,6 @@ def _nanmean(x) -> float:
     return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
 
 
-def _finite(x: float) -> float | None:
-    """`x`, or None for a target never reached (`reach`'s inf)."""
-    return float(x) if np.isfinite(x) else None
-
-
 def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
     """Reduces per-step results to the study's table.
 
@@ -296,8 +291,8 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
         }
         if target is not None:
             row["target"] = float(target)
-            row["step_to_target"] = _finite(reach(np.arange(len(curve)), curve, target))
-            row["executions_to_target"] = _finite(reach(executions, curve, target))
+            row["step_to_target"] = finite(reach(np.arange(len(curve)), curve, target))
+            row["executions_to_target"] = finite(reach(executions, curve, target))
         summary[arm] = row
     real_cost = summary.get("real", {}).get("executions_to_target")
     for arm, row in summary.items():
@@ -308,7 +303,7 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             # this arm's final reward, against what this arm spent in all.
             curve = trailing_mean(results["real"]["true_reward"].mean(0), config.smooth)
             spent = np.cumsum(results["real"]["executions"].mean(0))
-            same = _finite(reach(spent, curve, row["final_true_reward"]))
+            same = finite(reach(spent, curve, row["final_true_reward"]))
             row["real_executions_for_same_reward"] = same
             row["execution_saving_at_same_reward"] = (
                 same / row["total_executions"] if same is not None else None
