@@ -73,6 +73,9 @@ def run_study(
                 f"{len(summary['steps'])} updates, {wall:.1f} s wall"
             )
 
+    # The suite is built (once, cached) here: a pool worker cannot build it, as the build
+    # starts a process pool of its own and daemonic workers may not have children.
+    builder.load_tasks(config)
     if config.study.workers <= 1 or len(jobs) == 1:
         for job in jobs:
             collect(_run_seed(job))
