@@ -13,9 +13,10 @@ temperature-scaled softmax restricted to each slot's tokens (exactly what
 teacher forcing. Two values per recipe:
 
 * `heldout_value`: the held-out evaluation's number, one execution's board
-  percentile (0 when it is not valid), averaged over the K replicates (the
-  replay draws them in turn): `exact/heldout_percentile` is then exactly
-  what `train.evaluation.evaluate` estimates with sampled programs.
+  percentile (0 when it is not valid), averaged over the K replicates: the
+  program's expected percentile. (`train.evaluation.evaluate` estimates the
+  same sum with sampled programs, each executed once in replicate 0, so it
+  carries sampling noise and one replicate's noise besides.)
 * `train_value`: the training reward (percentile, or the floor of a failed
   status), averaged over the replicates: the true reward of the oracle
   (`oracle/true_reward`), in expectation over the policy.
