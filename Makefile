@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run study controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
+.PHONY: install run study study-realsweep study-paired controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ run: $(STAMP)
 
 study: $(STAMP)
 	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py --workdir=outputs/study_compute --readme=README.md --docs=docs/compute_study.md
+
+# The best real baseline, picked on seeds the study does not report (table.md names it),
+# then the exact, paired comparison on 10 seeds: make study-paired BEST_REAL=<its label>.
+study-realsweep: $(STAMP)
+	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:realsweep --workdir=outputs/study_compute_realsweep
+
+study-paired: $(STAMP)
+	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:paired --workdir=outputs/study_compute_paired --config.study.best_real=$(BEST_REAL)
 
 controlled: $(STAMP)
 	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled --readme=README.md --docs=docs/controlled_study.md

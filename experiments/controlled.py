@@ -3,153 +3,32 @@ r"""The controlled study (the main job for now).
     python -m experiments.controlled --config=experiments/configs/controlled.py \
         --workdir=outputs/controlled
 
-Writes ``results.json`` (config, per-arm summary, per-step curves, the
-blind-spot sweep), ``table.md`` and ``controlled.png`` into ``--workdir``
-and prints the tables; with ``--readme``, rewrites the controlled section
-of ``docs/controlled_study.md`` beside it (between its markers; ``--docs``
-names another page) with the tables, and the README's
-``controlled-headline`` section with the headline (``headline``).
-``--docs`` alone writes only the page.
+Writes ``results.json``, ``table.md`` and ``controlled.png`` into
+``--workdir`` and prints the tables; with ``--readme``/``--docs``, the
+controlled section of ``docs/controlled_study.md`` and the README's
+headline (`wmrl_jax.studies.controlled_report`). ``--render_only`` rewrites
+the tables and the headline from ``--workdir/results.json`` (no plot).
 """
 
-from __future__ import annotations
+from absl import app
 
-import json
-import pathlib
-
-from absl import app, flags, logging
-from ml_collections import config_flags
-
-from wmrl_jax.readme import report_paths, write_report
-from wmrl_jax.studies import controlled, report
-from wmrl_jax.train.summary import write_json
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/configs/controlled.py", "Study config.", lock_config=True
-)
-_WORKDIR = flags.DEFINE_string("workdir", "outputs/controlled", "Where outputs go.")
-_README = flags.DEFINE_string(
-    "readme", None, "README to update between the controlled-headline markers (the headline)."
-)
-_DOCS = flags.DEFINE_string(
-    "docs",
-    None,
-    "Page to update between the controlled markers (the tables); default: "
-    "docs/controlled_study.md beside --readme.",
+from wmrl_jax.studies import analysis
+from wmrl_jax.studies.controlled_report import (  # noqa: F401  (the study's API, re-exported)
+    SECTION,
+    headline,
+    render,
+    run_and_report,
 )
 
-_RENDER_ONLY = flags.DEFINE_bool(
-    "render_only",
-    False,
-    "Only rewrite table.md, the docs section and the headline from --workdir/results.json "
-    "(no plot).",
+main = analysis.command_main(
+    analysis.Command(
+        config="experiments/configs/controlled.py",
+        workdir="outputs/controlled",
+        section=SECTION,
+        run=run_and_report,
+        render=lambda *args: print(render(*args)),
+    )
 )
-_COMMAND = "python -m experiments.controlled --config=experiments/configs/controlled.py"
-SECTION = "controlled"  # <!-- controlled:begin --> in docs/controlled_study.md.
-
-
-def headline(summary: dict, fractions, *, fraction: float, seeds: int, steps: int) -> str:
-    """The README's headline: where `real`, `wmrl` and its control end, and the arms that win
-    among those executing no more than `wmrl` (within two standard errors of the best).
-
-    Args:
-      summary: arm -> `controlled.summarize` row at the config's blind-spot fraction.
-      fractions: the blind-spot fractions of the sweep (named in the last sentence).
-      fraction, seeds, steps: the config's blind-spot fraction, seeds and updates per arm.
-    """
-
-    def cell(arm: str) -> str:
-        row = summary[arm]
-        return f"{row['final_true_reward']:.3f} ± {row['final_true_reward_se']:.3f}"
-
-    first = (
-        f"At blind-spot fraction {fraction:.0%} ({seeds} seeds, {steps} updates per arm) `real` "
-        f"ends at {cell('real')} true reward with {summary['real']['total_executions']:.0f} "
-        "executions per seed"
-    )
-    if "wmrl" not in summary:
-        return first + "."
-    budget = summary["wmrl"]["total_executions"]
-    first += f"; `wmrl` at {cell('wmrl')} with {budget:.0f}"
-    if "anchors_only" in summary:
-        first += f", its control `anchors_only` at {cell('anchors_only')}"
-    cheap = {a: r for a, r in summary.items() if r["total_executions"] <= budget}
-    wins = ", ".join(f"`{a}` ({cell(a)})" for a in controlled.winners(cheap))
-    swept = ", ".join(f"{float(f):.0%}" for f in sorted(fractions))
-    return (
-        f"{first}. Best among the arms executing no more than `wmrl` (within two standard "
-        f"errors): {wins}. The tables give every arm and the sweep over blind-spot "
-        f"fractions {swept}."
-    )
-
-
-def _tables(summary: dict, sweep: dict, *, fraction: float, seeds: int, steps: int) -> str:
-    return (
-        f"At blind-spot fraction {fraction:.0%}, {seeds} seeds, "
-        f"{steps} updates per arm:\n\n{controlled.format_table(summary)}\n\n"
-        f"Final true reward over the blind-spot sweep (same seeds and updates):\n\n"
-        f"{controlled.format_sweep(sweep)}"
-    )
-
-
-def render(workdir: str, readme: str | None = None, docs: str | None = None) -> str:
-    """Rewrites `workdir/table.md` (and the docs section, the README's headline) from
-    `workdir/results.json`; `docs` defaults to the study's page beside `readme`."""
-    readme, docs = report_paths(SECTION, readme, docs)
-    workdir = pathlib.Path(workdir)
-    payload = json.loads((workdir / "results.json").read_text())
-    config = payload["config"]
-    sweep = {float(f): s for f, s in payload["blind_spot_sweep"].items()}
-    shape = dict(
-        fraction=float(config["world_model"]["blind_spot_fraction"]),
-        seeds=config["num_seeds"], steps=config["num_steps"],
-    )  # fmt: skip
-    table = _tables(payload["summary"], sweep, **shape)
-    (workdir / "table.md").write_text(table + "\n")
-    if docs is not None:
-        write_report(
-            SECTION, f"`{_COMMAND}`\n\n{table}", headline(payload["summary"], list(sweep), **shape),
-            readme=readme, docs=docs,
-        )  # fmt: skip
-    return table
-
-
-def run_and_report(
-    config, workdir: str, readme: str | None = None, docs: str | None = None
-) -> dict:
-    """Runs the study and its blind-spot sweep, writes the outputs; returns the summary."""
-    report_paths(SECTION, readme, docs)  # Missing pages fail now, not after the study.
-    results = controlled.run_study(config)
-    summary = controlled.summarize(results, config)
-    fraction = float(config.world_model.blind_spot_fraction)
-    sweep = controlled.run_sweep(config, known={fraction: summary})
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    curves = {arm: {k: v.mean(0) for k, v in out.items()} for arm, out in results.items()}
-    write_json(
-        workdir / "results.json",
-        {
-            "config": config.to_dict(),
-            "summary": summary,
-            "mean_curves": curves,
-            "blind_spot_sweep": {str(f): s for f, s in sweep.items()},
-        },
-    )
-    table = render(workdir, readme, docs)
-    report.plot_study(results, config, workdir / "controlled.png")
-    print(table)
-    logging.info("Wrote %s", workdir)
-    return summary
-
-
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    if _RENDER_ONLY.value:
-        print(render(_WORKDIR.value, _README.value, _DOCS.value))
-        return
-    run_and_report(_CONFIG.value, _WORKDIR.value, _README.value, _DOCS.value)
-
 
 if __name__ == "__main__":
     app.run(main)

@@ -14,7 +14,11 @@ Variants: ``:runlocal`` (the core suite, one seed, a few steps: what the tests
 run), ``:sweeps`` (adds the anchor-fraction and warm-start sweeps), ``:beyond``
 (adds the arms beyond the paper) and ``:wm`` (those and the world-model
 variants); run the last two with ``--extend`` after the paper's arms, so that
-each command stays within an hour here.
+each command stays within an hour here. ``:realsweep`` sweeps `real` over
+groups per update x learning rate on seeds the study does not report and
+names the best cell; ``:paired`` runs `real`, `anchors_only` and `wmrl` on
+10 seeds (add the pick with ``--config.study.best_real=<label>``) for the
+exact, paired comparison.
 """
 
 import ml_collections
@@ -70,6 +74,18 @@ def get_config(arg: str | None = None):
     config.study.variants = ()
     config.study.smooth = 3  # Evaluation points in the moving average.
     config.study.cost_sweep = (0.5e9, 1e9, 4e9, 9e9, 32e9)  # N for the break-even table.
+    # Exact evaluation (`wmrl_jax.studies.exact`): the policy's expected held-out percentile
+    # and train reward from its sampling distribution times the table, after every update.
+    config.study.exact_every = 1  # 0: off.
+    config.study.exact_smooth = 5  # Updates in the final level of an exact curve.
+    # The equivalence margin of the paired comparison of exact expected held-out percentile,
+    # declared before any run of the exact evaluation: 0.02 (a tenth of the ~0.17 gain).
+    config.study.margin = 0.02
+    # The `real` sweep (groups per update x learning rate; `:realsweep`) and the cell it
+    # picked on its own seeds, run beside the arms as `real_best` (e.g. "real_g5_lr0.003").
+    config.study.real_sweep_groups = ()
+    config.study.real_sweep_lr = ()
+    config.study.best_real = ""
     if arg == "runlocal":
         config.tasks.suite = "core"
         config.tasks_per_step = 4
@@ -84,6 +100,19 @@ def get_config(arg: str | None = None):
         config.study.cost_sweep = (1e9, 4e9)
         # The paper's arms, the control, and the one that exercises every idea beyond it.
         config.study.arms = ("real", "anchors_only", "wm_naive", "wmrl", "wmrl_plus")
+    elif arg == "realsweep":
+        # The best real-execution baseline, picked on seeds the study does not report
+        # (1000, 1001, 1002); then run it beside the arms with `:paired`.
+        config.seed = 1000
+        config.study.num_seeds = 3
+        config.study.arms = ("real",)
+        config.study.real_sweep_groups = (1, 2, 5, 10)
+        config.study.real_sweep_lr = (3e-4, 1e-3, 3e-3)
+    elif arg == "paired":
+        # The paired comparison: >= 10 seeds, exact evaluation after every update; add the
+        # sweep's pick with --config.study.best_real=<label> (or --extend it later).
+        config.study.num_seeds = 10
+        config.study.arms = ("real", "anchors_only", "wmrl")
     elif arg == "sweeps":
         config.study.rho_sweep = (0.05, 0.2, 0.3)
         config.study.warm_sweep = (40, 600)
@@ -102,7 +131,8 @@ def get_config(arg: str | None = None):
             f"anchors_only_warm600: arm=anchors_only, {warm}",
             f"real_warm600: arm=real, {warm}",
         )
-    if arg not in (None, "", "runlocal", "sweeps", "beyond", "wm"):
-        raise ValueError(f"unknown config variant {arg!r} (known: runlocal, sweeps, beyond, wm)")
+    known = ("runlocal", "sweeps", "beyond", "wm", "realsweep", "paired")
+    if arg not in (None, "", *known):
+        raise ValueError(f"unknown config variant {arg!r} (known: {', '.join(known)})")
     config.lock()
     return config

@@ -1,9 +1,7 @@
 """The study's analysis and report by hand, and the study command end to end (runlocal)."""
 
 import json
-import math
 
-import numpy as np
 import pytest
 
 from wmrl_jax.embodied import report, study
@@ -26,18 +24,6 @@ def _run(successes, steps=(0, 100, 200, 300)):
         )
     }
     return {"curve": curve, "ledger": ledger, "updates": 3, "wm_rank_corr": float("nan")}
-
-
-def test_crossing():
-    x = np.array([0.0, 100.0, 200.0])
-    assert study.crossing(x, np.array([0.0, 0.5, 1.0]), 0.25) == 50.0
-    assert study.crossing(x, np.array([0.3, 0.5, 1.0]), 0.25) == 0.0
-    assert math.isinf(study.crossing(x, np.array([0.0, 0.1, 0.2]), 0.25))
-    # Reach and hold: a peak that falls back does not count; the last rise does.
-    assert math.isinf(study.crossing(x, np.array([0.0, 0.5, 0.2]), 0.25))
-    assert study.crossing(x, np.array([0.5, 0.0, 1.0]), 0.25) == 125.0
-    with pytest.raises(ValueError):
-        study.crossing(x, np.ones(2), 0.5)
 
 
 def test_analyse_by_hand():

@@ -49,3 +49,18 @@ def test_study_runs_refuses_unknown_field_and_shared_label():
         compute.study_runs(_config(variants=("x: arm=wmrl, correction.wm_varr=per_sample",)))
     with pytest.raises(ValueError, match="share a label"):
         compute.study_runs(_config(arms=("wmrl",), variants=("wmrl: arm=wmrl_local",)))
+
+
+def test_real_sweep_cells_and_the_pick():
+    config = _config(real_sweep_groups=(1, 10), real_sweep_lr=(1e-3, 3e-3))
+    labels = dict(compute.study_runs(config))
+    # The config's own cell (10 groups, 1e-3) is `real` itself.
+    assert "real_g10_lr0.001" not in labels
+    assert labels["real_g1_lr0.003"] == {"arm": "real", "tasks_per_step": 1, "optimizer.lr": 3e-3}
+    assert {"real_g1_lr0.001", "real_g10_lr0.003"} <= set(labels)
+    config = _config(best_real="real_g5_lr0.0003")
+    assert dict(compute.study_runs(config))["real_best"] == {
+        "arm": "real", "tasks_per_step": 5, "optimizer.lr": 3e-4
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="best_real"):
+        compute.study_runs(_config(best_real="g5"))

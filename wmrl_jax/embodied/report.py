@@ -9,7 +9,16 @@ whole (`wmrl_jax.readme.write_report(MARKER, body, headline(...), ...)`).
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import shutil
+import time
+
+from absl import logging
+
+from wmrl_jax.embodied import study
+from wmrl_jax.readme import report_paths, write_report
 
 MARKER = "embodied"  # <!-- embodied:begin --> ... <!-- embodied:end --> in docs/embodied.md
 
@@ -111,3 +120,62 @@ def plot(analysis: dict, path: str):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return fig
+
+
+def run_and_report(
+    config, workdir: str, readme: str | None = None, docs: str | None = None
+) -> dict:
+    """Runs the study, writes its outputs, optionally updates the docs page and the README's
+    headline (`render`); returns the analysis."""
+    report_paths(MARKER, readme, docs)  # Missing pages fail now, not after the study.
+    start = time.perf_counter()
+    runs = {name: config.tasks[name] for name in config.tasks}
+    results = study.run_study(
+        runs,
+        arms=tuple(config.arms),
+        seeds=tuple(range(config.num_seeds)),
+        workers=config.workers,
+        log=logging.info,
+    )
+    os.makedirs(workdir, exist_ok=True)
+    payload = {
+        "config": config.to_dict(),
+        "results": results,
+        "wall_seconds": time.perf_counter() - start,
+    }
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+        json.dump(payload, f, indent=1, default=float)
+    return render(workdir, readme, docs)
+
+
+def render(workdir: str, readme: str | None = None, docs: str | None = None) -> dict:
+    """Analyses ``results.json`` and writes the table, the plot, the docs page's section and
+    the README's headline; ``docs`` defaults to the study's page beside ``readme``."""
+    readme, docs = report_paths(MARKER, readme, docs)
+    with open(os.path.join(workdir, "results.json")) as f:
+        payload = json.load(f)
+    config = payload["config"]
+    analysis = study.analyse(payload["results"], bootstrap=config["bootstrap"])
+    text = table(analysis)
+    with open(os.path.join(workdir, "table.md"), "w") as f:
+        f.write(text + "\n")
+    plot_path = os.path.join(workdir, "embodied.png")
+    plot(analysis, plot_path)
+    if docs is not None:
+        # The plot beside the docs page, which links it by name.
+        shutil.copyfile(
+            plot_path, os.path.join(os.path.dirname(os.path.abspath(docs)), "embodied.png")
+        )
+        budgets = ", ".join(f"{t} {c['budget'] // 1000}k" for t, c in config["tasks"].items())
+        runs = [r for e in payload["results"].values() for rs in e["arms"].values() for r in rs]
+        cpu = sum(r.get("cpu_seconds", math.nan) for r in runs)
+        cpu_text = "" if math.isnan(cpu) else f", {cpu / 60:.0f} CPU-min in the runs"
+        body = (
+            f"`python -m experiments.study_embodied` ({config['num_seeds']} seeds, "
+            f"simulator-step budget per run: {budgets}; {payload['wall_seconds'] / 60:.0f} min "
+            f"wall-clock with {config['workers']} processes on a shared 2-core machine"
+            f"{cpu_text}). {headline(analysis)}\n\n"
+            f"{text}\n\n![embodied study](embodied.png)"
+        )
+        write_report(MARKER, body, headline(analysis), readme=readme, docs=docs)
+    return analysis

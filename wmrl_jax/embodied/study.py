@@ -4,10 +4,11 @@
 and `analyse` turns the curves into the headline: for each task, the number of
 simulator steps each arm needs to reach `real`'s final success rate (the mean
 over seeds at the full budget), and the ratio real / arm, with a bootstrap
-interval over seeds. Crossing points are interpolated linearly between
-evaluation points of the seed-mean curve; an arm that never reaches the
-target gets no ratio ("never"), and a target that `real` does not raise
-above its own start makes no ratio measurable at all.
+interval over seeds. Reaching a target is the studies' one definition
+(`wmrl_jax.studies.analysis.reach`: the first crossing of the linearly
+interpolated seed-mean curve); an arm that never reaches the target gets no
+ratio ("never"), and a target that `real` does not raise above its own start
+makes no ratio measurable at all.
 
 Example (a few seconds):
   >>> from wmrl_jax.embodied import config as cfg_lib
@@ -26,6 +27,7 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax.embodied import train
+from wmrl_jax.studies.analysis import reach
 
 
 def _run_one(args) -> tuple:
@@ -81,39 +83,6 @@ def run_study(
     return results
 
 
-def crossing(x: np.ndarray, y: np.ndarray, target: float) -> float:
-    """First x from which the piecewise-linear curve ``y(x)`` stays at or above ``target``.
-
-    "Reach and hold": a curve that touches the target and falls back (a
-    policy exploiting its world model, then collapsing) has not reached it.
-
-    Args:
-      x: increasing evaluation points, of shape [P].
-      y: values at them, of shape [P].
-      target: the level to reach.
-
-    Returns:
-      The interpolated x, or inf when the last point is below the target.
-
-    Example:
-      >>> crossing(np.array([0.0, 10.0, 20.0]), np.array([0.0, 0.2, 0.6]), 0.4)
-      15.0
-      >>> crossing(np.array([0.0, 10.0, 20.0]), np.array([0.0, 0.6, 0.2]), 0.4)
-      inf
-    """
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be [P], got {x.shape} and {y.shape}")
-    below = np.flatnonzero(y < target)
-    if not below.size:
-        return float(x[0])
-    j = int(below[-1]) + 1
-    if j == len(y):
-        return float("inf")
-    frac = (target - y[j - 1]) / (y[j] - y[j - 1])
-    return float(x[j - 1] + frac * (x[j] - x[j - 1]))
-
-
 def _curves(runs: list) -> tuple[np.ndarray, np.ndarray]:
     x = np.array([p["sim_steps"] for p in runs[0]["curve"]], np.float64)
     y = np.array([[p["success"] for p in r["curve"]] for r in runs], np.float64)
@@ -122,16 +91,16 @@ def _curves(runs: list) -> tuple[np.ndarray, np.ndarray]:
 
 def _ratio(x, real_y, arm_y, fraction) -> float:
     target = fraction * real_y[:, -1].mean()
-    real_steps = crossing(x, real_y.mean(0), target)
-    arm_steps = crossing(x, arm_y.mean(0), target)
+    real_steps = reach(x, real_y.mean(0), target)
+    arm_steps = reach(x, arm_y.mean(0), target)
     return real_steps / arm_steps if np.isfinite(arm_steps) and arm_steps > 0 else 0.0
 
 
 def _target_stats(x, real_y, y, fraction, rng, bootstrap, measurable) -> dict:
-    """Steps for the arm's seed-mean to reach and hold ``fraction`` x real's final; the ratio."""
+    """Steps for the arm's seed-mean to reach ``fraction`` x real's final; the ratio."""
     target = fraction * float(real_y[:, -1].mean())
-    steps = crossing(x, y.mean(0), target)
-    real_steps = crossing(x, real_y.mean(0), target)
+    steps = reach(x, y.mean(0), target)
+    real_steps = reach(x, real_y.mean(0), target)
     ratios = []
     for _ in range(bootstrap if measurable else 0):
         ry = real_y[rng.integers(0, real_y.shape[0], real_y.shape[0])]
@@ -144,7 +113,7 @@ def _target_stats(x, real_y, y, fraction, rng, bootstrap, measurable) -> dict:
         "ratio": real_steps / max(steps, 1.0) if finite else None,
         "ratio_lo": float(np.percentile(ratios, 10)) if ratios else None,
         "ratio_hi": float(np.percentile(ratios, 90)) if ratios else None,
-        "seeds_reaching": int(sum(np.isfinite(crossing(x, yi, target)) for yi in y)),
+        "seeds_reaching": int(sum(np.isfinite(reach(x, yi, target)) for yi in y)),
     }
 
 

@@ -12,8 +12,9 @@ Measures (see `analyse`):
   compute (generation + world model + execution) and against execution
   seconds alone;
 * compute-to-target: the compute at which an arm's smoothed held-out
-  percentile first reaches the final smoothed percentile of `real` (per seed);
-  the headline is `real / wmrl`;
+  percentile first reaches the final smoothed percentile of `real` (per seed),
+  interpolated linearly between evaluation points (`analysis.reach`); the
+  headline is `real / wmrl`;
 * the bias and error variance of the rewards fed to GRPO (against each
   sample's true replayed reward), σ² estimates, fusion weights and the
   WM–real rank correlation, over training.
@@ -21,7 +22,6 @@ Measures (see `analyse`):
 
 from __future__ import annotations
 
-import ast
 import multiprocessing
 import os
 import time
@@ -31,7 +31,9 @@ import jax
 import ml_collections
 import numpy as np
 
+from wmrl_jax.studies import analysis, exact
 from wmrl_jax.studies.oracle import replay_oracle
+from wmrl_jax.studies.runs import parse_variant, real_cell, real_cells, study_runs  # noqa: F401
 from wmrl_jax.studies.smoothing import trailing_mean
 from wmrl_jax.train import builder, loop
 from wmrl_jax.train.config import override
@@ -40,60 +42,6 @@ from wmrl_jax.train.ledger import Ledger
 
 # Policy updates in the moving average of the training samples' true reward.
 TRAIN_SMOOTH = 5
-
-
-def parse_variant(spec: str) -> tuple[str, dict]:
-    """`"label: arm=wmrl, correction.wm_var=per_sample"` as `(label, overrides)`.
-
-    Values are Python literals where they parse as one (`600`, `0.2`, `True`),
-    else strings. A variant must name its arm.
-
-    Raises:
-      ValueError: a malformed spec, naming it.
-    """
-    label, sep, body = spec.partition(":")
-    label = label.strip()
-    overrides = {}
-    for item in body.split(","):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"study variant {spec!r}: expected 'label: key=value, ...'")
-        try:
-            overrides[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            overrides[key.strip()] = value.strip()
-    if not sep or not label or "arm" not in overrides:
-        raise ValueError(f"study variant {spec!r}: expected 'label: arm=<arm>, key=value, ...'")
-    return label, overrides
-
-
-def study_runs(config: ml_collections.ConfigDict) -> list[tuple[str, dict]]:
-    """(label, overrides) of every run per seed: the arms, the ρ and WM-quality sweeps, then
-    the named variants (`config.study.variants`, see `parse_variant`)."""
-    s = config.study
-    runs = [(arm, {"arm": arm}) for arm in s.arms]
-    for rho in s.rho_sweep:
-        if rho != config.anchor_fraction:
-            runs.append((f"wmrl_rho{rho:g}", {"arm": "wmrl", "anchor_fraction": rho}))
-    for warm in s.warm_sweep:
-        if warm != config.agent.recipe.warm_start.steps:
-            for arm in s.warm_sweep_arms:
-                runs.append(
-                    (f"{arm}_warm{warm}", {"arm": arm, "agent.recipe.warm_start.steps": warm})
-                )
-    for spec in s.get("variants", ()):
-        label, overrides = parse_variant(spec)
-        for key in overrides:  # A mistyped key would otherwise add a setting nothing reads.
-            node = config
-            for part in key.split("."):
-                if part not in node:
-                    raise ValueError(f"study variant {label!r}: config has no field {key!r}")
-                node = node[part]
-        runs.append((label, overrides))
-    labels = [label for label, _ in runs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"study runs share a label: {labels}")
-    return runs
 
 
 def run_study(
@@ -125,6 +73,9 @@ def run_study(
                 f"{len(summary['steps'])} updates, {wall:.1f} s wall"
             )
 
+    # The suite is built (once, cached) here: a pool worker cannot build it, as the build
+    # starts a process pool of its own and daemonic workers may not have children.
+    builder.load_tasks(config)
     if config.study.workers <= 1 or len(jobs) == 1:
         for job in jobs:
             collect(_run_seed(job))
@@ -155,15 +106,37 @@ def _run_seed(job: tuple[dict, str, int, tuple]) -> tuple[int, dict[str, tuple[d
         outcomes, _ = builder.make_outcomes(run_config, table=table)
         b = built[warm]
         start = time.perf_counter()
-        summary = loop.train_and_evaluate(
-            run_config,
-            os.path.join(workdir, "runs", f"{label}_seed{seed}"),
-            outcomes=outcomes,
-            prebuilt=b._replace(params=jax.tree.map(lambda x: x.copy(), b.params)),
-            hooks=[replay_oracle(outcomes)],
-        )
+        path = os.path.join(workdir, "runs", f"{label}_seed{seed}")
+        every = int(config.study.get("exact_every", 0))
+        summary = _train(run_config, path, outcomes, b, tasks, every)
         out[label] = (summary, time.perf_counter() - start)
     return seed, out
+
+
+def _train(config, path: str, outcomes, built, tasks, every: int) -> dict:
+    """One run from a copy of `built`'s params; its summary. With `every` > 0, the policy's
+    exact expected values (`exact`) after every `every` updates and at the start."""
+    hooks = [replay_oracle(outcomes)]
+    values = None
+    if every:
+        values = exact.task_values(outcomes, tasks.train, tasks.heldout)
+        hooks.append(exact.exact_hook(
+            built.agent, lambda: trainer.state.params, outcomes, tasks.train, tasks.heldout,
+            every=every, values=values,
+        ))  # fmt: skip
+    trainer = loop.Trainer(
+        config, path, outcomes=outcomes, hooks=hooks,
+        prebuilt=built._replace(params=jax.tree.map(lambda x: x.copy(), built.params)),
+    )  # fmt: skip
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    if every:  # Step 0: the warm start every arm of the seed shares.
+        summary["exact_start"] = exact.exact_metrics(
+            built.agent, built.params, tasks.train, tasks.heldout, values
+        )
+    return summary
 
 
 def _padded(rows: list[list[float]]) -> np.ndarray:
@@ -221,12 +194,6 @@ def last_finite(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float:
-    """The first x at which y >= target (NaN if never)."""
-    hit = np.flatnonzero(y >= target - 1e-12)
-    return float(x[hit[0]]) if hit.size else float("nan")
-
-
 def step_series(summaries: Iterable[dict], key: str) -> np.ndarray:
     """A per-step metric of shape [seeds, steps] (NaN where absent, and after a run that
     stopped earlier than the longest, as budget-limited runs do)."""
@@ -244,8 +211,10 @@ def _ratio(base_reach: np.ndarray, reach: np.ndarray) -> np.ndarray:
 
 
 def _reach(x: np.ndarray, y: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Per seed (rows of x, y): the first x at which y reaches that seed's target."""
-    return np.array([first_reach(x[i], y[i], t) for i, t in enumerate(targets)])
+    """Per seed (rows of x, y): the x at which y reaches that seed's target, by the studies'
+    one definition (`analysis.reach`, interpolated between points); NaN: never."""
+    out = analysis.reach_rows(x, y, targets)
+    return np.where(np.isfinite(out), out, np.nan)
 
 
 def _smooth(x: np.ndarray, window: int) -> np.ndarray:
@@ -358,6 +327,7 @@ def analyse(
             "heldout_before": float(np.mean(cv["percentile"][:, 0])),
             "heldout_final": float(np.mean(final)),
             "heldout_final_se": float(np.std(final, ddof=1) / np.sqrt(n)) if n > 1 else 0.0,
+            "heldout_final_seeds": final.tolist(),  # Paired over seeds by `analysis.paired`.
             "compute_total": float(np.mean(last_finite(cv["compute"]))),
             "exec_seconds_total": float(np.mean(last_finite(cv["exec_seconds"]))),
             # Charged executions are unique ones: the run's cache answers repeats (`cached`).

@@ -40,6 +40,7 @@ from wmrl_jax.core import grpo
 from wmrl_jax.core import rho as rho_lib
 from wmrl_jax.core.stats import masked_mean
 from wmrl_jax.envs import simulated
+from wmrl_jax.studies.analysis import finite, reach
 from wmrl_jax.studies.smoothing import trailing_mean
 
 
@@ -258,8 +259,9 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
 
     The target is the final expected true reward of ``real`` (mean over seeds,
     smoothed over `config.smooth` steps), scaled by `config.target_fraction`
-    of its gain over the start. For each arm: the first step whose smoothed
-    mean curve reaches it and the real executions spent until then.
+    of its gain over the start. For each arm: where its smoothed mean curve
+    reaches it (the studies' one definition, `analysis.reach`: interpolated
+    between steps), in steps and in the real executions spent until then.
     """
     summary = {}
     target = None
@@ -288,10 +290,9 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             "debiased_wm_bias_last_half": _nanmean(out["debiased_bias"][:, half:]),
         }
         if target is not None:
-            reached = np.nonzero(curve >= target)[0]
             row["target"] = float(target)
-            row["step_to_target"] = int(reached[0]) if reached.size else None
-            row["executions_to_target"] = float(executions[reached[0]]) if reached.size else None
+            row["step_to_target"] = finite(reach(np.arange(len(curve)), curve, target))
+            row["executions_to_target"] = finite(reach(executions, curve, target))
         summary[arm] = row
     real_cost = summary.get("real", {}).get("executions_to_target")
     for arm, row in summary.items():
@@ -301,9 +302,8 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             # Equal-reward view: what real-execution GRPO spends to first reach
             # this arm's final reward, against what this arm spent in all.
             curve = trailing_mean(results["real"]["true_reward"].mean(0), config.smooth)
-            reached = np.nonzero(curve >= row["final_true_reward"])[0]
             spent = np.cumsum(results["real"]["executions"].mean(0))
-            same = float(spent[reached[0]]) if reached.size else None
+            same = finite(reach(spent, curve, row["final_true_reward"]))
             row["real_executions_for_same_reward"] = same
             row["execution_saving_at_same_reward"] = (
                 same / row["total_executions"] if same is not None else None
