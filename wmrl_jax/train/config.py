@@ -24,7 +24,7 @@ import ml_collections
 from wmrl_jax import agents
 from wmrl_jax.envs import suite
 from wmrl_jax.sandbox.result import MAX_TIMEOUT_S as MAX_EXECUTION_TIMEOUT_S
-from wmrl_jax.train import arms, cost, distributed
+from wmrl_jax.train import arms, cost, distributed, world_models
 
 EXECUTORS = ("auto", "docker", "local", "replay", "ray", "engines")
 ANCHOR_POLICIES = arms.ANCHOR_POLICIES
@@ -126,6 +126,10 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # (the starting backbone, frozen).
     config.agent.wm_params = "current"
     config.agent[agent_kind] = agents.default_config(agent_kind)
+    # What the world-model arms read (`wmrl_jax.train.world_models`): "agent" (the
+    # agent's own pass) or "synthetic" (a chosen within-group Spearman q over the recipe
+    # table, charged as the agent's pass; `config.world_model.synthetic`).
+    config.world_model = world_models.default_config()
 
     config.executor = ml_collections.ConfigDict()
     # "auto": Docker when an engine answers, else local; "replay": the recipe table;
@@ -410,5 +414,6 @@ def _validate_agent(config: ml_collections.ConfigDict) -> None:
         )
     try:
         agents.validate(kind, sub)
+        world_models.validate(config, replayable=caps.replayable)
     except ValueError as e:
         raise ConfigError(str(e)) from e
