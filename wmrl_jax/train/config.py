@@ -109,6 +109,9 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.cost_model.sample_tokens = 0.0
     config.cost_model.wm_tokens = 0.0
     config.cost_model.train_tokens = 0.0
+    # Charge each execution this many seconds instead of its recorded ones (0: recorded):
+    # the execution-cost axis (`cost.reprice` re-prices a recorded run at any cost).
+    config.cost_model.execution_seconds = 0.0
 
     config.tasks = ml_collections.ConfigDict()
     config.tasks.source = "builtin"  # "builtin", "dir", "mle_dojo" or "mle_bench".
@@ -341,7 +344,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "depend on the run's length: set config.optimizer.total_steps (e.g. with "
             "config.optimizer.end_lr_ratio=1.0 for a constant rate after warm-up)"
         )
-    for field in ("params", "sample_tokens", "wm_tokens", "train_tokens"):
+    for field in ("params", "sample_tokens", "wm_tokens", "train_tokens", "execution_seconds"):
         _at_least(config, f"cost_model.{field}", 0.0)
     if config.cost_model.params:
         try:
