@@ -2,7 +2,7 @@ r"""A smoke measurement of the world-model quality knob: `wmrl` with the synthet
 model at several target q, beside `anchors_only`, at a short update cap (not a headline).
 
     python -m experiments.wm_quality_smoke --workdir=outputs/wm_quality_smoke \
-        --q=0,0.4,0.8 --seeds=3 --steps=60
+        --q=0,0.4,0.8 --seeds=3 --steps=60 [--suite=core]
 
 Every run is the compute study's (`experiments/configs/study_compute.py`: the grown
 suite, replayed, one anchor group of ten per step), stopped at `--steps` updates
@@ -24,7 +24,7 @@ from absl import app, flags
 
 from experiments.configs import study_compute
 from wmrl_jax.studies import compute as study
-from wmrl_jax.train import cost
+from wmrl_jax.train import builder, cost
 from wmrl_jax.train.config import override
 from wmrl_jax.worldmodel.synthetic import realised_q
 
@@ -33,12 +33,18 @@ Q = flags.DEFINE_list("q", ["0", "0.4", "0.8"], "Target within-group Spearman va
 SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds (each warm-started once, shared by its runs).")
 STEPS = flags.DEFINE_integer("steps", 60, "Updates per run (an update cap; no compute budget).")
 WORKERS = flags.DEFINE_integer("workers", 1, "Seeds in parallel processes.")
+SUITE = flags.DEFINE_enum(
+    "suite", "grown", ["grown", "core"],
+    "The study's grown suite, or the core one with the study's runlocal task settings.",
+)  # fmt: skip
 COSTS = (None, 30.0, 300.0, 1800.0)  # Seconds per execution; None: the recorded ones.
 
 
-def smoke_config(qs, *, seeds: int, steps: int, workers: int):
+def smoke_config(qs, *, seeds: int, steps: int, workers: int, suite: str = "grown"):
     """The compute study's config at an update cap, with one variant per target q."""
     config = study_compute.get_config()
+    if suite == "core":  # 4 tasks per step, one anchor group: the study's runlocal setting
+        config = override(config, tasks_per_step=4, anchor_fraction=0.25, **{"tasks.suite": "core"})
     variants = tuple(
         f"wmrl_q{q}: arm=wmrl, world_model.kind=synthetic, world_model.synthetic.q={q}" for q in qs
     )
@@ -70,14 +76,19 @@ def run_row(summary: dict, model) -> dict:
 def main(argv):
     del argv
     qs = [float(q) for q in Q.value]
-    config = smoke_config(qs, seeds=SEEDS.value, steps=STEPS.value, workers=WORKERS.value)
+    config = smoke_config(
+        qs, seeds=SEEDS.value, steps=STEPS.value, workers=WORKERS.value, suite=SUITE.value
+    )
     model = cost.from_config(config)
+    builder.load_tasks(config)  # The suite is built (once) here, not in the seeds' workers.
     results = study.run_study(config, FLAGS.value)
     table = {label: [run_row(s, model) for s in runs] for label, runs in results.items()}
     os.makedirs(FLAGS.value, exist_ok=True)
     with open(os.path.join(FLAGS.value, "smoke.json"), "w") as f:
-        json.dump({"steps": STEPS.value, "seeds": SEEDS.value, "runs": table}, f, indent=1)
-    print(f"\nsmoke measurement ({SEEDS.value} seeds, {STEPS.value} updates each; not a headline)")
+        json.dump({"suite": SUITE.value, "steps": STEPS.value, "seeds": SEEDS.value,
+                   "runs": table}, f, indent=1)  # fmt: skip
+    print(f"\nsmoke measurement ({SUITE.value} suite, {SEEDS.value} seeds, {STEPS.value} updates "
+          "each; not a headline)")  # fmt: skip
     print("| run | realised q | held-out before -> after | executions | compute (recorded / 30 s"
           " / 300 s / 1800 s per execution, N=4e9) |")  # fmt: skip
     for label, rows in table.items():
