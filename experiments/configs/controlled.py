@@ -35,6 +35,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.env.real_noise = 0.1
 
     config.world_model = ml_collections.ConfigDict()
+    # "additive": distort(q) + blind spot + noise·N(0, 1); "copula": distort(q) scrambled
+    # within each group to the target within-group Spearman `q` (the trainer's synthetic
+    # world model, `wmrl_jax.core.synthetic_wm`), plus the blind spots; `noise` unused.
+    config.world_model.kind = "additive"
+    config.world_model.q = 0.4
     config.world_model.offset = 0.45
     config.world_model.scale = 0.6
     config.world_model.gamma = 3.0

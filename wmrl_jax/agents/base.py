@@ -74,6 +74,8 @@ class WMOutput(NamedTuple):
         (`wmrl_jax.worldmodel.FAILURE_STATUSES`, every cause present), for
         agents that parse free-text answers; empty otherwise.
       clamped: sampled answers with a number outside [0, 1] (clamped).
+      diagnostics: scalars a world model reports about its own pass (e.g. a
+        synthetic one's realised quality), logged as ``wm/<name>``.
     """
 
     mean: np.ndarray
@@ -82,6 +84,7 @@ class WMOutput(NamedTuple):
     parse_failures: int
     parse_causes: Mapping[str, int] = types.MappingProxyType({})
     clamped: int = 0
+    diagnostics: Mapping[str, float] = types.MappingProxyType({})
 
 
 class Agent(Protocol):

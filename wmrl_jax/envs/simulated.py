@@ -24,6 +24,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from wmrl_jax.core import synthetic_wm
+
 
 class SimulatedEnv(NamedTuple):
     """Ground truth of one simulated environment.
@@ -85,3 +87,16 @@ def wm_prediction(
 ) -> jax.Array:
     """One WM query per element: distortion + blind spot + fresh noise."""
     return distort(quality, spec) + blind_spot + spec.noise * jax.random.normal(key, quality.shape)
+
+
+def wm_prediction_at_q(
+    key: jax.Array, quality: jax.Array, blind_spot: jax.Array, spec: WorldModelSpec, *, q: float
+) -> jax.Array:
+    """WM queries of a chosen quality: for qualities of shape [B, G] (GRPO groups), the
+    distortion scrambled within each group to a target within-group Spearman `q` with
+    fresh noise (`wmrl_jax.core.synthetic_wm`, the trainer's synthetic world model),
+    plus the blind spots; `spec.noise` is not read."""
+    noise = jax.random.normal(key, quality.shape)
+    none = jnp.zeros(quality.shape, bool)
+    mean, _ = synthetic_wm.synthetic_predictions(distort(quality, spec), ~none, noise, none, q=q)
+    return mean + blind_spot

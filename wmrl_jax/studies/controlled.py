@@ -38,7 +38,7 @@ from wmrl_jax.core import arms as arms_lib
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
 from wmrl_jax.core import rho as rho_lib
-from wmrl_jax.core.stats import masked_mean
+from wmrl_jax.core.stats import group_rank_correlation, masked_mean
 from wmrl_jax.envs import simulated
 from wmrl_jax.studies.analysis import finite, reach
 from wmrl_jax.studies.smoothing import trailing_mean
@@ -92,6 +92,18 @@ def _fed_rewards(arm: arms_lib.Arm, correction, state, pred, real, anchor, rows:
     return fed.rewards.reshape(b, g), fed.valid.reshape(b, g), debiased, fed.state
 
 
+def _wm_prediction(key, quality, blind_spot, spec: simulated.WorldModelSpec, wm_cfg):
+    """[B, G] predictions: additive noise, or scrambled to within-group Spearman q."""
+    if wm_cfg.kind not in ("additive", "copula") or not -1.0 <= wm_cfg.q <= 1.0:
+        raise ValueError(
+            "config.world_model needs kind 'additive' or 'copula' and q in [-1, 1], got "
+            f"kind={wm_cfg.kind!r}, q={wm_cfg.q}"
+        )
+    if wm_cfg.kind == "copula":
+        return simulated.wm_prediction_at_q(key, quality, blind_spot, spec, q=wm_cfg.q)
+    return simulated.wm_prediction(key, quality, blind_spot, spec)
+
+
 def _group_score(policy: str, correction, carry, pred):
     """[B]: the anchor policy's score of each group: its best debiased prediction (the
     policy's next exploit) for "active", its mean WM variance (ones here) for "uncertain"."""
@@ -128,6 +140,10 @@ def _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, maske
         "anchor_var_fed": _masked_var(error, anchor),
         "raw_bias": jnp.mean(pred - quality),
         "debiased_bias": jnp.mean(debiased - quality),
+        # The WM's realised within-group Spearman with the truth (blind spots included).
+        "wm_q_realised": group_rank_correlation(
+            pred.reshape(-1), quality.reshape(-1), pred.shape[1]
+        ),
     }
 
 
@@ -193,7 +209,7 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         actions = jax.random.categorical(k_act, carry.logits[tasks], shape=(g, b)).T  # [B, G]
         quality = env.quality[tasks[:, None], actions]
         real = simulated.real_reward(k_real, quality, noise=env_cfg.real_noise)
-        pred = simulated.wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec)
+        pred = _wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec, wm_cfg)
         count = arms_lib.anchor_count(
             arm_spec, k_anchor, num_groups=b, fraction=config.anchor_fraction,
             rho_fraction=rho_fraction(carry.rho),
@@ -288,6 +304,7 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             "anchor_var_fed": _nanmean(out["anchor_var_fed"]),
             "raw_wm_bias_last_half": _nanmean(out["raw_bias"][:, half:]),
             "debiased_wm_bias_last_half": _nanmean(out["debiased_bias"][:, half:]),
+            "wm_q_realised": _nanmean(out["wm_q_realised"]),
         }
         if target is not None:
             row["target"] = float(target)

@@ -24,7 +24,7 @@ import ml_collections
 from wmrl_jax import agents
 from wmrl_jax.envs import suite
 from wmrl_jax.sandbox.result import MAX_TIMEOUT_S as MAX_EXECUTION_TIMEOUT_S
-from wmrl_jax.train import arms, cost, distributed
+from wmrl_jax.train import arms, cost, distributed, world_models
 
 EXECUTORS = ("auto", "docker", "local", "replay", "ray", "engines")
 ANCHOR_POLICIES = arms.ANCHOR_POLICIES
@@ -109,6 +109,9 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     config.cost_model.sample_tokens = 0.0
     config.cost_model.wm_tokens = 0.0
     config.cost_model.train_tokens = 0.0
+    # Charge each execution this many seconds instead of its recorded ones (0: recorded):
+    # the execution-cost axis (`cost.reprice` re-prices a recorded run at any cost).
+    config.cost_model.execution_seconds = 0.0
 
     config.tasks = ml_collections.ConfigDict()
     config.tasks.source = "builtin"  # "builtin", "dir", "mle_dojo" or "mle_bench".
@@ -126,6 +129,10 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # (the starting backbone, frozen).
     config.agent.wm_params = "current"
     config.agent[agent_kind] = agents.default_config(agent_kind)
+    # What the world-model arms read (`wmrl_jax.train.world_models`): "agent" (the
+    # agent's own pass) or "synthetic" (a chosen within-group Spearman q over the recipe
+    # table, charged as the agent's pass; `config.world_model.synthetic`).
+    config.world_model = world_models.default_config()
 
     config.executor = ml_collections.ConfigDict()
     # "auto": Docker when an engine answers, else local; "replay": the recipe table;
@@ -337,7 +344,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             "depend on the run's length: set config.optimizer.total_steps (e.g. with "
             "config.optimizer.end_lr_ratio=1.0 for a constant rate after warm-up)"
         )
-    for field in ("params", "sample_tokens", "wm_tokens", "train_tokens"):
+    for field in ("params", "sample_tokens", "wm_tokens", "train_tokens", "execution_seconds"):
         _at_least(config, f"cost_model.{field}", 0.0)
     if config.cost_model.params:
         try:
@@ -410,5 +417,6 @@ def _validate_agent(config: ml_collections.ConfigDict) -> None:
         )
     try:
         agents.validate(kind, sub)
+        world_models.validate(config, replayable=caps.replayable)
     except ValueError as e:
         raise ConfigError(str(e)) from e

@@ -17,6 +17,15 @@ in six tokens) then is charged as if each sample, world-model score and
 trained row were as long as an LLM agent's (`samples × sample`,
 `wm_rows × wm_row`, `train_rows × train_row` tokens).
 
+With `execution_seconds` set, every execution is charged that fixed cost instead
+of its recorded seconds (`executions × execution_seconds`): the execution-cost
+axis of the study (an MLE-Dojo program runs for minutes, a replayed recipe for
+1.5 s). A run that stops at an update cap (not a compute budget) has the same
+trajectory under every cost, and its step log keeps the cumulative ledger of
+every step (`ledger/<field>`, counts of executions, samples, world-model and
+trained rows included), so `reprice` reads its compute under any cost
+afterwards, with no rerun.
+
 It is a model, labelled as such wherever it is reported (`ledger/modelled_*`);
 the measured ledger stays the headline of a run.
 
@@ -24,13 +33,18 @@ Example:
     >>> model = CostModel(params=4e9, peak_flops=ACCELERATORS["A100"], mfu=0.4)
     >>> round(model.seconds(Ledger(gen_tokens=1e6, exec_seconds=10.0)), 1)
     74.1
+    >>> fixed = dataclasses.replace(model, execution_seconds=30.0)
+    >>> round(fixed.seconds(Ledger(gen_tokens=1e6, executions=2, exec_seconds=10.0)), 1)
+    124.1
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import ml_collections
+import numpy as np
 
 from wmrl_jax.train.ledger import Ledger
 
@@ -61,16 +75,21 @@ class CostModel:
       peak_flops: the accelerator's peak FLOP/s.
       mfu: model FLOPs utilisation in (0, 1].
       lengths: tokens per row to charge instead of the run's own counts.
+      execution_seconds: a fixed cost per execution instead of the recorded seconds
+        (None: the recorded ones).
     """
 
     params: float
     peak_flops: float
     mfu: float
     lengths: TokenLengths | None = None
+    execution_seconds: float | None = None
 
     def __post_init__(self):
         if not (self.params > 0 and self.peak_flops > 0 and 0 < self.mfu <= 1):
             raise ValueError(f"need params > 0, peak_flops > 0, 0 < mfu <= 1; got {self}")
+        if self.execution_seconds is not None and not self.execution_seconds > 0:
+            raise ValueError(f"execution_seconds must be > 0 or None, got {self.execution_seconds}")
 
     def tokens(self, ledger: Ledger) -> tuple[float, float]:
         """(forward-only tokens, trained tokens) charged for `ledger`."""
@@ -86,9 +105,50 @@ class CostModel:
         flops = 2 * self.params * forward + 6 * self.params * trained
         return flops / (self.peak_flops * self.mfu)
 
+    def exec_seconds(self, ledger: Ledger) -> float:
+        """Execution seconds charged: `executions × execution_seconds`, or the recorded."""
+        if self.execution_seconds is None:
+            return float(ledger.exec_seconds)
+        return float(ledger.executions) * float(self.execution_seconds)
+
     def seconds(self, ledger: Ledger) -> float:
-        """Modelled compute: token seconds plus the measured execution (and tool) seconds."""
-        return self.token_seconds(ledger) + float(ledger.exec_seconds) + float(ledger.tool_seconds)
+        """Modelled compute: token seconds plus the execution (and tool) seconds charged."""
+        return self.token_seconds(ledger) + self.exec_seconds(ledger) + float(ledger.tool_seconds)
+
+
+def reprice(
+    entries: Sequence[Mapping[str, float]],
+    model: CostModel,
+    *,
+    execution_seconds: float | None = None,
+    prefix: str = "",
+) -> np.ndarray:
+    """The modelled compute of recorded cumulative ledgers under a fixed execution cost.
+
+    Args:
+      entries: cumulative ledgers as mappings of `Ledger` fields, each under
+        `prefix` (a run's step log: ``prefix="ledger/"``; its evaluation history:
+        ``""``); a field an entry lacks counts 0.
+      model: the token costs (its own `execution_seconds` is replaced).
+      execution_seconds: seconds charged per execution; None: the recorded seconds.
+
+    Returns:
+      float64 [len(entries)]: `model.seconds` of each entry under that cost.
+
+    Example:
+      >>> steps = [{"ledger/executions": 8.0, "ledger/exec_seconds": 12.0}]
+      >>> float(reprice(steps, model, execution_seconds=300.0, prefix="ledger/")[0])
+      2400.0
+    """
+    model = dataclasses.replace(model, execution_seconds=execution_seconds)
+    fields = Ledger._fields
+    return np.array(
+        [
+            model.seconds(Ledger(**{f: float(e.get(prefix + f, 0.0)) for f in fields}))
+            for e in entries
+        ],
+        np.float64,
+    )
 
 
 def from_config(config: ml_collections.ConfigDict) -> CostModel | None:
@@ -103,4 +163,5 @@ def from_config(config: ml_collections.ConfigDict) -> CostModel | None:
         )
     given = (float(c.sample_tokens), float(c.wm_tokens), float(c.train_tokens))
     lengths = TokenLengths(*given) if any(given) else None  # Some but not all: an error.
-    return CostModel(float(c.params), ACCELERATORS[c.accelerator], float(c.mfu), lengths)
+    fixed = float(c.execution_seconds) or None  # 0: the recorded seconds.
+    return CostModel(float(c.params), ACCELERATORS[c.accelerator], float(c.mfu), lengths, fixed)

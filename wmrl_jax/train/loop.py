@@ -52,7 +52,17 @@ import ml_collections
 import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, resume, stages
+from wmrl_jax.train import (
+    arms,
+    builder,
+    cost,
+    distributed,
+    multihost,
+    overlap,
+    resume,
+    stages,
+    world_models,
+)
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
@@ -131,6 +141,7 @@ class Trainer:
             config, self.tasks, model_key, mesh=self.mesh, batch_sizes=batch_sizes
         )
         self.agent = self.built.agent
+        self.world_model = world_models.make(config, self.agent)  # `config.world_model.kind`
         environment = ""
         if outcomes is None and primary:  # Only process 0 executes (`multihost`).
             self.console.note(f"outcomes: executor {config.executor.kind}")
@@ -322,7 +333,7 @@ class Trainer:
     def _world_model(self, record: StepRecord, key, timing: LedgerStep) -> None:
         params = self.state.params if self.wm_params is None else self.wm_params
         with timing.timed("wm_seconds"):
-            record.wm = self.agent.predict(params, record.tasks, record.rollout, key=key)
+            record.wm = self.world_model.predict(params, record.tasks, record.rollout, key=key)
         asked = int(np.sum(~stages.no_program_rows(record.rollout)))  # rows with a program
         timing.add(wm_tokens=record.wm.wm_tokens, wm_rows=asked)
         if asked and record.wm.parse_failures == asked:

@@ -245,6 +245,7 @@ def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
         m.update({f"wm/parse_fail/{c}": float(v) for c, v in wm.parse_causes.items()})
         if wm.parse_causes:
             m["wm/clamped"] = float(wm.clamped)
+        m.update({f"wm/{k}": float(v) for k, v in wm.diagnostics.items()})
         ok = np.isfinite(wm.mean)
         if ok.any():
             m["wm/pred_mean"] = float(np.mean(wm.mean[ok]))
