@@ -123,6 +123,27 @@ def _row_extras(arm, carry, tasks, actions, weights, g: int) -> dict:
     return rows
 
 
+def _advantages(arm, estimate, adv_fn, reliability, fed, valid, real, wm, anchor, weights):
+    """`(advantages, valid, reliability', λ)` of `arm`, each [B, G] but the last two.
+
+    `wm` holds the debiased predictions under the map *before* this step's anchors
+    (out of sample); `estimate` is `core.ppi.advantages` bound to the arm's estimator
+    and settings, `adv_fn` the group advantage function.
+    """
+    b, g = fed.shape
+    if not arm.world_model and arm.executes != "all":  # the executed groups alone
+        return jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, valid), valid, reliability, jnp.nan
+    if arm.estimator != "grpo":
+        out = estimate(
+            reliability, fed=fed, valid=valid, real=jnp.where(anchor, real, jnp.nan), wm=wm,
+            anchor=anchor, weights=jnp.broadcast_to(weights[:, None], (b, g)),
+        )  # fmt: skip
+        return out.advantages, valid, out.state, out.lam
+    # `valid` is all true here: the simulated WM always predicts. Without a mask the
+    # group statistics are those the study has always computed (to the bit).
+    return jax.vmap(adv_fn)(fed), jnp.ones((b, g), bool), reliability, jnp.nan
+
+
 def _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked: bool):
     error = fed - quality
     return {
@@ -225,25 +246,18 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         fed, valid, debiased, state = _fed_rewards(
             arm_spec, correction, carry.correction, pred, real, anchor, rows
         )
-        reliability, lam = carry.reliability, jnp.float32(jnp.nan)
-        if masked:
-            advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, valid)
-        elif arm_spec.estimator != "grpo":  # The map before this step's anchors: out of sample.
-            advantages, reliability, lam = estimate(
-                reliability, fed=fed, valid=valid, real=jnp.where(anchor, real, jnp.nan),
-                wm=correction.debias(carry.correction, pred), anchor=anchor,
-                weights=jnp.broadcast_to(weights[:, None], (b, g)),
-            )  # fmt: skip
-        else:  # `valid` is all true here: the simulated WM always predicts. Without a
-            # mask the group statistics are those the study has always computed (to the bit).
-            advantages, valid = jax.vmap(adv_fn)(fed), jnp.ones((b, g), bool)
+        advantages, valid, reliability, lam = _advantages(
+            arm_spec, estimate, adv_fn, carry.reliability, fed, valid, real,
+            correction.debias(carry.correction, pred), anchor, weights,
+        )  # fmt: skip
         grads, _ = grad_fn(carry.logits, tasks, actions, advantages, valid)
         full, _ = grad_fn(carry.logits, tasks, actions, jax.vmap(adv_fn)(real), jnp.ones((b, g)))
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
         policy = jax.nn.softmax(carry.logits, axis=-1)
         outputs = _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked)
         outputs.update(
-            grad_error=jnp.sum((grads - full) ** 2), grad_real=jnp.sum(full**2), reliability=lam,
+            grad_error=jnp.sum((grads - full) ** 2), grad_real=jnp.sum(full**2),
+            reliability=jnp.float32(lam),
             wm_correlation=jnp.where(
                 arm_spec.estimator == "grpo", jnp.nan, ppi_lib.correlation(reliability)
             ),
