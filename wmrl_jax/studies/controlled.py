@@ -335,6 +335,11 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             "anchor_var_fed": _nanmean(out["anchor_var_fed"]),
             "raw_wm_bias_last_half": _nanmean(out["raw_bias"][:, half:]),
             "debiased_wm_bias_last_half": _nanmean(out["debiased_bias"][:, half:]),
+            # Mean squared distance of the arm's gradient from real GRPO's on the same batch,
+            # over the mean squared norm of the latter; λ and r (`core.ppi`), last quarter.
+            "gradient_error": _nanmean(out["grad_error"]) / _nanmean(out["grad_real"]),
+            "reliability_last_quarter": _nanmean(out["reliability"][:, -quarter:]),
+            "wm_correlation_last_quarter": _nanmean(out["wm_correlation"][:, -quarter:]),
         }
         if target is not None:
             reached = np.nonzero(curve >= target)[0]
