@@ -9,7 +9,7 @@ seconds, for tests and smoke runs). Override any field, e.g.
 
 import ml_collections
 
-from wmrl_jax.train.config import adaptive_rho_config
+from wmrl_jax.train.config import adaptive_rho_config, reliability_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -20,6 +20,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.arms = (
         "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
         "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
+        "wmrl_ppi", "wmrl_weighted",
     )  # fmt: skip
     config.num_steps = 400
     config.tasks_per_step = 20
@@ -61,6 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.anchors.uniform_share = 0.5
     # Adaptive ρ (wmrl_adaptive), as in the trainer's config.anchors.adaptive.
     config.anchors.adaptive = adaptive_rho_config()
+    # The online reliability λ of wmrl_ppi and wmrl_weighted, as in the trainer's config.
+    config.anchors.reliability = reliability_config()
 
     # The WM's blind-spot fraction swept in one table (where each arm wins).
     config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)

@@ -13,7 +13,7 @@ def test_table_rows():
     t = arms.ARMS
     assert set(t) == {
         "real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_memory",
-        "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
+        "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive", "wmrl_ppi", "wmrl_weighted",
     }  # fmt: skip
     assert (t["real"].executes, t["real"].world_model) == ("all", False)
     assert (t["anchors_only"].executes, t["anchors_only"].world_model) == ("anchors", False)
@@ -35,6 +35,15 @@ def test_table_rows():
         t["wmrl"], name="wmrl_adaptive", adaptive_rho=True
     )
     assert [n for n, a in t.items() if a.adaptive_rho] == ["wmrl_adaptive"]
+    assert t["wmrl_ppi"] == dataclasses.replace(t["wm_debias"], name="wmrl_ppi", estimator="ppi")
+    assert t["wmrl_weighted"] == dataclasses.replace(
+        t["wmrl"], name="wmrl_weighted", estimator="weighted"
+    )
+    assert {n for n, a in t.items() if a.estimator != "grpo"} == {"wmrl_ppi", "wmrl_weighted"}
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        arms.Arm("x", executes="anchors", world_model=True, debias=True, estimator="nope")
+    with pytest.raises(ValueError, match="debiased WM"):
+        arms.Arm("x", executes="anchors", world_model=True, estimator="ppi")
     assert arms.anchor_policy(t["wmrl"], "uncertain") == "uncertain"
     assert arms.anchor_policy(t["wmrl_active"], "uncertain") == "active"
     with pytest.raises(ValueError, match="memory"):

@@ -1,5 +1,6 @@
 """One arm, one behaviour: the trainer's reward stage and the controlled study feed the
-same rewards, with the same validity mask, on the same inputs, for every arm."""
+same rewards, with the same validity mask, on the same inputs, for every arm; the arms
+that form their own advantages (`wmrl_ppi`, `wmrl_weighted`) form the same ones."""
 
 import functools
 import types
@@ -12,6 +13,7 @@ import pytest
 from experiments.configs import controlled as controlled_config
 from experiments.configs import tiny_cpu
 from wmrl_jax.agents.base import Rollout, WMOutput
+from wmrl_jax.core import grpo, ppi
 from wmrl_jax.studies import controlled
 from wmrl_jax.train import arms
 from wmrl_jax.train.config import override
@@ -39,6 +41,7 @@ def _study_config():
     config = controlled_config.get_config("runlocal")
     with config.unlocked():
         config.correction.min_anchors = 4  # the map acts within the replay's few steps
+        config.anchors.reliability.warmup_rows = 8.0  # so does λ (wmrl_ppi, wmrl_weighted)
     return config
 
 
@@ -58,7 +61,10 @@ def _trainer_fed(arm, config, steps):
         count = np.array([memory.get(k, (0.0, 0.0))[1] for k in keys], np.float32)
         return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
 
-    train_config = override(tiny_cpu.get_config("runlocal"), arm=arm.name, tasks_per_step=B)
+    train_config = override(
+        tiny_cpu.get_config("runlocal"), arm=arm.name, tasks_per_step=B,
+        **{"anchors.reliability.warmup_rows": config.anchors.reliability.warmup_rows},
+    )  # fmt: skip
     rewarder = Rewarder(train_config, arm, correction, remembered=remembered)
     extra, out = rewarder.init(), []
     for step, (tasks, actions, real, pred, groups, weights) in enumerate(steps):
@@ -73,7 +79,7 @@ def _trainer_fed(arm, config, steps):
         if arm.world_model:
             record.wm = WMOutput(pred.reshape(-1), np.ones(B * G, np.float32), 0, 0)
         extra = rewarder.correct(record, extra)
-        out.append((record.rewards, record.valid))
+        out.append((record.rewards, record.valid, record.advantages))
         for i in np.flatnonzero(executed):
             total, count = memory.get((task_objs[i // G].id, programs[i]), (0.0, 0.0))
             memory[(task_objs[i // G].id, programs[i])] = (total + record.real[i], count + 1)
@@ -87,8 +93,15 @@ def _study_fed(arm, config, steps):
         arm, capacity=c.capacity, decay=c.decay, real_var_prior=c.real_var_prior,
         min_anchors=c.min_anchors, local_features=1, local_prior_count=c.local_prior_count,
     )  # fmt: skip
-    state = correction.init()
+    state, reliability = correction.init(), ppi.init()
     mem_sum = mem_count = jnp.zeros((TASKS, K))
+    r = config.anchors.reliability
+    estimate = functools.partial(
+        ppi.advantages, arm.estimator, mode=config.advantage, decay=r.decay,
+        warmup_rows=r.warmup_rows,
+    )  # fmt: skip
+    adv_fn = functools.partial(grpo.group_advantages, mode=config.advantage)
+    advantages = jax.jit(functools.partial(controlled._advantages, arm, estimate, adv_fn))
     out = []
     # Jitted, as the study runs it (eager and jitted float32 may differ in the last bit).
     fed_rewards = jax.jit(functools.partial(controlled._fed_rewards, arm, correction))
@@ -96,10 +109,14 @@ def _study_fed(arm, config, steps):
         carry = types.SimpleNamespace(mem_sum=mem_sum, mem_count=mem_count)
         anchor = jnp.broadcast_to(jnp.asarray(groups)[:, None], (B, G))
         rows = controlled._row_extras(arm, carry, tasks, actions, jnp.asarray(weights), G)
+        before = correction.debias(state, jnp.asarray(pred))  # the map before the anchors
         fed, valid, _, state = fed_rewards(
             state, jnp.asarray(pred), jnp.asarray(real), anchor, rows
         )
-        out.append((np.asarray(fed).reshape(-1), np.asarray(valid).reshape(-1)))
+        adv, _, reliability, _ = advantages(
+            reliability, fed, valid, jnp.asarray(real), before, anchor, jnp.asarray(weights)
+        )
+        out.append((np.asarray(fed).reshape(-1), np.asarray(valid).reshape(-1), adv.reshape(-1)))
         at = (tasks[:, None], actions)
         mem_sum = mem_sum.at[at].add(jnp.where(anchor, real, 0.0))
         mem_count = mem_count.at[at].add(anchor.astype(jnp.float32))
@@ -117,9 +134,17 @@ def test_trainer_and_controlled_study_feed_the_same_rewards(name):
         steps = [_inputs(s) for s in range(STEPS)]
     config = _study_config()
     trainer, study = _trainer_fed(arm, config, steps), _study_fed(arm, config, steps)
-    for step, ((fed_t, valid_t), (fed_s, valid_s)) in enumerate(zip(trainer, study, strict=True)):
+    for step, (mine, theirs) in enumerate(zip(trainer, study, strict=True)):
+        (fed_t, valid_t, adv_t), (fed_s, valid_s, adv_s) = mine, theirs
         np.testing.assert_array_equal(valid_t, valid_s, err_msg=f"{name} step {step}: masks")
         # Rows outside the mask carry no reward: their values are the arm's business.
         np.testing.assert_array_equal(
             np.where(valid_t, fed_t, 0), np.where(valid_s, fed_s, 0), err_msg=f"{name} step {step}"
         )
+        if arm.estimator != "grpo":
+            np.testing.assert_allclose(
+                adv_t, np.asarray(adv_s), rtol=1e-6, atol=1e-6, err_msg=f"{name} step {step}"
+            )
+    if arm.estimator != "grpo":  # λ > 0 by the last step: the WM groups carry advantages.
+        off_anchor = ~np.repeat(steps[-1][4], G)
+        assert np.abs(trainer[-1][2][off_anchor]).max() > 1e-3

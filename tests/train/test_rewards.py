@@ -95,3 +95,41 @@ def test_forced_prediction_failures_are_masked_out_of_the_update(arm):
     executed = bool(record.anchor_groups[0])
     want = [executed and arm != "wm_naive", 1, 1, 1, 0, 0, 0, 0]
     np.testing.assert_array_equal(record.valid, want)
+
+
+def _ref_adv(x):
+    x = np.asarray(x, np.float64)
+    return (x - x.mean()) / (x.std() + 1e-6)
+
+
+def test_ppi_advantages_in_the_reward_stage_by_hand():
+    """`wmrl_ppi`'s advantages from the trainer's record: a real anchor group, a WM group with
+    an unusable prediction (masked) and a row without a program (the invalid floor, known
+    to both streams); λ = 0.5 from the state of earlier steps; 1/π = 2 (one group of two)."""
+    rewarder, config = _rewarder("wmrl_ppi")
+    extra = rewarder.init()
+    assert set(extra) == {"correction", "reliability"}
+    extra["reliability"] = extra["reliability"]._replace(
+        cross=np.float32(0.5), wm_sq=np.float32(1.0), real_sq=np.float32(1.0),
+        rows=np.float32(1000.0),
+    )  # fmt: skip
+    record = _record(programs=["p"] * 7 + [""], causes=["ok"] * 7 + ["no_code"])
+    record.anchor_groups, record.anchor_weights = np.array([True, False]), np.array([1.0, 0.0])
+    mean = np.array([0.2, 0.6, 0.4, 0.3, 0.5, 0.9, 0.1, 0.5], np.float32)
+    var = np.full(8, 0.01, np.float32)
+    var[5] = np.inf  # unusable
+    record.wm = WMOutput(mean, var, 0, 1)
+    record.real = np.array([0.1, 0.4, 0.3, 0.2] + [np.nan] * 4, np.float32)
+    record.executed, record.partner = np.isfinite(record.real), np.full(8, np.nan, np.float32)
+    out = rewarder.correct(record, extra)
+    floor = builder.reward_floors(config).invalid
+    np.testing.assert_array_equal(record.valid, [1, 1, 1, 1, 1, 0, 1, 1])
+    a_real, a_wm0 = _ref_adv(record.real[:4]), _ref_adv(mean[:4])  # the map is empty: g = id
+    a_wm1 = _ref_adv([mean[4], mean[6], floor])
+    want = np.concatenate([0.5 * a_wm0 + 2 * (a_real - 0.5 * a_wm0), 0.5 * a_wm1[:1], [0.0],
+                           0.5 * a_wm1[1:]])  # fmt: skip
+    np.testing.assert_allclose(record.advantages, want, rtol=1e-5, atol=1e-6)
+    assert record.correction["reliability"] == 0.5
+    assert float(out["reliability"].rows) == pytest.approx(0.95 * 1000 + 4)  # decay, 4 anchor rows
+    weighted, _ = _rewarder("wmrl")
+    assert weighted.init().keys() == {"correction"}  # and no advantages of its own

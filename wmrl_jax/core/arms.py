@@ -27,6 +27,8 @@ A new arm is one line in `ARMS`, plus, if it brings new behaviour, one piece.
 | `wmrl_active` | active anchors | yes | yes (1/π weights) | yes | as `wmrl` |
 | `wmrl_plus` | active anchors | yes | yes + local (1/π) | yes | memory + local + active |
 | `wmrl_adaptive` | ρ_t of the anchors | yes | yes | yes | as `wmrl` |
+| `wmrl_ppi` | the anchors | yes | yes | no | real on anchors + λ·(zero-mean WM control variate) |
+| `wmrl_weighted` | the anchors | yes | yes | yes | as `wmrl`, WM groups' advantages ×λ |
 
 `wmrl_memory` adds anchor memory: a sample whose program was executed earlier
 in the run is fused with that program's remembered mean real reward.
@@ -39,6 +41,13 @@ pair in the map's fit by the inverse of its inclusion probability
 `wmrl_adaptive` draws uniform anchor groups, but their number follows the
 world model's out-of-sample error (`wmrl_jax.core.rho`, `config.anchors.adaptive`):
 more when it rises, fewer when it falls.
+`wmrl_ppi` and `wmrl_weighted` change the advantages rather than the fed
+rewards (`Arm.estimator`, `wmrl_jax.core.ppi`): prediction-powered GRPO feeds
+the anchors' real-reward advantages plus λ times a control variate of the
+debiased world model's advantages that has mean zero over the anchor draw, so
+its expected update is `anchors_only`'s whatever the world model predicts;
+`wmrl_weighted` feeds `wmrl`'s rewards with its world-model-scored groups'
+advantages scaled by the same online reliability λ.
 
 `anchors_only` executes exactly the groups `wmrl` would anchor (same rule,
 same key); with the "uncertain" anchor policy it has no variances to rank
@@ -58,7 +67,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from wmrl_jax.core import anchors
+from wmrl_jax.core import anchors, ppi
 from wmrl_jax.core import rho as rho_lib
 from wmrl_jax.core.correction import (
     RewardCorrection,
@@ -95,6 +104,9 @@ class Arm:
         `config.anchor_policy`.
       adaptive_rho: the anchor fraction follows the world model's
         out-of-sample error (`wmrl_jax.core.rho`).
+      estimator: how advantages are formed (`wmrl_jax.core.ppi.ESTIMATORS`):
+        "grpo" (group advantages of the fed rewards), "ppi" (prediction-powered)
+        or "weighted" (WM groups scaled by the online reliability).
     """
 
     name: str
@@ -107,6 +119,7 @@ class Arm:
     local: bool = False
     anchor_policy: str | None = None
     adaptive_rho: bool = False
+    estimator: str = "grpo"
 
     def __post_init__(self):
         if self.executes not in EXECUTES:
@@ -124,6 +137,13 @@ class Arm:
         if self.adaptive_rho and not (self.debias and self.executes == "anchors"):
             raise ValueError(
                 f"arm {self.name!r}: an adaptive ρ follows the debiased WM's error on anchors"
+            )
+        if self.estimator not in ppi.ESTIMATORS:
+            raise ValueError(f"arm {self.name!r}: estimator must be one of {ppi.ESTIMATORS}")
+        if self.estimator != "grpo" and not (self.debias and self.executes == "anchors"):
+            raise ValueError(
+                f"arm {self.name!r}: the {self.estimator} estimator compares anchors' real "
+                "advantages with the debiased WM's"
             )
 
     @property
@@ -167,6 +187,11 @@ ARMS: dict[str, Arm] = {
         Arm(
             "wmrl_adaptive", executes="anchors", world_model=True, debias=True, ivd=True,
             adaptive_rho=True,
+        ),
+        Arm("wmrl_ppi", executes="anchors", world_model=True, debias=True, estimator="ppi"),
+        Arm(
+            "wmrl_weighted", executes="anchors", world_model=True, debias=True, ivd=True,
+            estimator="weighted",
         ),
     )
 }  # fmt: skip

@@ -21,7 +21,9 @@ WM arms that use real scores keep training the progress model on their
 anchors; ``wmrl`` estimates σ²_real from replicate continuations of anchor
 prefixes. Arms with anchor memory, local offsets, or active or adaptive
 anchors need what episodes do not have (recurring programs, features, scores
-per group) and are not run here.
+per group) and are not run here; nor are the arms that form their own
+advantages (`wmrl_ppi`, `wmrl_weighted`: `Arm.estimator`), which this study's
+update does not implement yet.
 
 Example:
   >>> executed_groups(ARMS["wmrl"], 10, rho=0.1), predicted_groups(ARMS["real"], 10, rho=0.1)
@@ -37,6 +39,7 @@ ARMS: dict[str, Arm] = {
     name: arm
     for name, arm in _ALL_ARMS.items()
     if not (arm.memory or arm.local or arm.anchor_policy or arm.adaptive_rho)
+    and arm.estimator == "grpo"
 }
 
 

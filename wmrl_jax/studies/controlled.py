@@ -12,13 +12,19 @@ Inverse-Variance Denoising on anchors), and the arms beyond the paper:
 "same task" and "same candidate"), ``wmrl_active`` (anchor groups drawn by the
 rank of their best debiased prediction, weighted 1/π in the map),
 ``wmrl_plus`` (all three) and ``wmrl_adaptive`` (as many anchor groups as
-the WM's out-of-sample error drift asks for, `wmrl_jax.core.rho`).
+the WM's out-of-sample error drift asks for, `wmrl_jax.core.rho`), and two
+that change the advantages (`wmrl_jax.core.ppi`): ``wmrl_ppi``
+(prediction-powered GRPO: the anchors' real advantages plus λ times a
+zero-mean WM control variate) and ``wmrl_weighted`` (``wmrl`` with its
+WM-scored groups' advantages scaled by the online reliability λ).
 
 One arm for all seeds is a single jitted function of a key (a `lax.scan`
 over steps, `jax.vmap` over seeds). Because the ground truth is known, every
 step records the policy's expected true reward and the error of the rewards
-fed to GRPO; `summarize` turns that into the study's table, including the
-real executions each arm spends to reach the final reward of ``real``.
+fed to GRPO, and the squared distance of the arm's gradient from real GRPO's
+on the same batch (all groups' real rewards); `summarize` turns that into the
+study's table, including the real executions each arm spends to reach the
+final reward of ``real``.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import optax
 from wmrl_jax.core import arms as arms_lib
 from wmrl_jax.core import correction as correction_lib
 from wmrl_jax.core import grpo
+from wmrl_jax.core import ppi as ppi_lib
 from wmrl_jax.core import rho as rho_lib
 from wmrl_jax.core.stats import group_rank_correlation, masked_mean
 from wmrl_jax.envs import simulated
@@ -51,6 +58,7 @@ class _Carry(NamedTuple):
     mem_sum: jax.Array  # [T, K] sum of real rewards of executed candidates (anchor memory)
     mem_count: jax.Array  # [T, K] their executions
     rho: rho_lib.RhoState  # the WM's out-of-sample error on anchors (adaptive ρ)
+    reliability: ppi_lib.ReliabilityState  # real vs WM advantages on anchors (ppi, weighted)
 
 
 def _masked_var(x, mask):
@@ -128,6 +136,27 @@ def _row_extras(arm, carry, tasks, actions, weights, g: int) -> dict:
     return rows
 
 
+def _advantages(arm, estimate, adv_fn, reliability, fed, valid, real, wm, anchor, weights):
+    """`(advantages, valid, reliability', λ)` of `arm`, each [B, G] but the last two.
+
+    `wm` holds the debiased predictions under the map *before* this step's anchors
+    (out of sample); `estimate` is `core.ppi.advantages` bound to the arm's estimator
+    and settings, `adv_fn` the group advantage function.
+    """
+    b, g = fed.shape
+    if not arm.world_model and arm.executes != "all":  # the executed groups alone
+        return jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, valid), valid, reliability, jnp.nan
+    if arm.estimator != "grpo":
+        out = estimate(
+            reliability, fed=fed, valid=valid, real=jnp.where(anchor, real, jnp.nan), wm=wm,
+            anchor=anchor, weights=jnp.broadcast_to(weights[:, None], (b, g)),
+        )  # fmt: skip
+        return out.advantages, valid, out.state, out.lam
+    # `valid` is all true here: the simulated WM always predicts. Without a mask the
+    # group statistics are those the study has always computed (to the bit).
+    return jax.vmap(adv_fn)(fed), jnp.ones((b, g), bool), reliability, jnp.nan
+
+
 def _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked: bool):
     error = fed - quality
     return {
@@ -162,7 +191,12 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
       quality, over the rows the arm trains on), and on anchor samples
       ``anchor_var_real``, ``anchor_var_debiased``, ``anchor_var_fed``; and the
       mean error of the raw and the debiased WM stream over all samples,
-      ``raw_bias`` and ``debiased_bias``.
+      ``raw_bias`` and ``debiased_bias``; ``grad_error`` and ``grad_real``,
+      the squared distance of the arm's gradient from real GRPO's on the same
+      batch and the latter's squared norm; ``reliability`` (the λ of
+      `wmrl_jax.core.ppi` the step used) and ``wm_correlation`` (the
+      within-group correlation of real and WM advantages on anchors so far),
+      NaN for arms that form no such estimate.
     """
     arm_spec = arms_lib.get(arm)
     env_cfg, wm_cfg = config.env, config.world_model
@@ -202,6 +236,11 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         slow_halflife=adaptive.slow_halflife,
     )  # fmt: skip
     loss_fn = functools.partial(_policy_loss, clip_eps=config.clip_eps)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    estimate = functools.partial(
+        ppi_lib.advantages, arm_spec.estimator, mode=config.advantage,
+        decay=config.anchors.reliability.decay, warmup_rows=config.anchors.reliability.warmup_rows,
+    )  # fmt: skip
 
     def step(carry: _Carry, step_key):
         k_task, k_act, k_real, k_wm, k_anchor = jax.random.split(step_key, 5)
@@ -224,15 +263,22 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         fed, valid, debiased, state = _fed_rewards(
             arm_spec, correction, carry.correction, pred, real, anchor, rows
         )
-        if masked:
-            advantages = jax.vmap(lambda r, m: adv_fn(r, mask=m))(fed, valid)
-        else:  # `valid` is all true here: the simulated WM always predicts. Without a
-            # mask the group statistics are those the study has always computed (to the bit).
-            advantages, valid = jax.vmap(adv_fn)(fed), jnp.ones((b, g), bool)
-        grads, _ = jax.grad(loss_fn, has_aux=True)(carry.logits, tasks, actions, advantages, valid)
+        advantages, valid, reliability, lam = _advantages(
+            arm_spec, estimate, adv_fn, carry.reliability, fed, valid, real,
+            correction.debias(carry.correction, pred), anchor, weights,
+        )  # fmt: skip
+        grads, _ = grad_fn(carry.logits, tasks, actions, advantages, valid)
+        full, _ = grad_fn(carry.logits, tasks, actions, jax.vmap(adv_fn)(real), jnp.ones((b, g)))
         updates, opt_state = optimizer.update(grads, carry.opt_state, carry.logits)
         policy = jax.nn.softmax(carry.logits, axis=-1)
         outputs = _step_outputs(policy, env, quality, fed, debiased, real, pred, anchor, masked)
+        outputs.update(
+            grad_error=jnp.sum((grads - full) ** 2), grad_real=jnp.sum(full**2),
+            reliability=jnp.float32(lam),
+            wm_correlation=jnp.where(
+                arm_spec.estimator == "grpo", jnp.nan, ppi_lib.correlation(reliability)
+            ),
+        )  # fmt: skip
         at = (tasks[:, None], actions)
         mem_sum = carry.mem_sum.at[at].add(jnp.where(anchor, real, 0.0))
         mem_count = carry.mem_count.at[at].add(anchor.astype(jnp.float32))
@@ -241,11 +287,14 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         if arm_spec.adaptive_rho:  # Out of sample: the map before this step's anchors.
             before = correction.debias(carry.correction, pred)
             drift = rho_update(drift, (real - before).reshape(-1), anchor.reshape(-1))
-        return _Carry(new_logits, opt_state, state, mem_sum, mem_count, drift), outputs
+        return _Carry(new_logits, opt_state, state, mem_sum, mem_count, drift, reliability), outputs
 
     logits = jnp.zeros((env_cfg.num_tasks, env_cfg.num_candidates))
     zeros = jnp.zeros_like(logits)
-    carry = _Carry(logits, optimizer.init(logits), correction.init(), zeros, zeros, rho_lib.init())
+    carry = _Carry(
+        logits, optimizer.init(logits), correction.init(), zeros, zeros, rho_lib.init(),
+        ppi_lib.init(),
+    )  # fmt: skip
     _, outputs = jax.lax.scan(step, carry, jax.random.split(k_run, config.num_steps))
     return outputs
 
@@ -305,6 +354,11 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
             "raw_wm_bias_last_half": _nanmean(out["raw_bias"][:, half:]),
             "debiased_wm_bias_last_half": _nanmean(out["debiased_bias"][:, half:]),
             "wm_q_realised": _nanmean(out["wm_q_realised"]),
+            # Mean squared distance of the arm's gradient from real GRPO's on the same batch,
+            # over the mean squared norm of the latter; λ and r (`core.ppi`), last quarter.
+            "gradient_error": _nanmean(out["grad_error"]) / _nanmean(out["grad_real"]),
+            "reliability_last_quarter": _nanmean(out["reliability"][:, -quarter:]),
+            "wm_correlation_last_quarter": _nanmean(out["wm_correlation"][:, -quarter:]),
         }
         if target is not None:
             row["target"] = float(target)

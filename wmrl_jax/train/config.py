@@ -64,6 +64,13 @@ def adaptive_rho_config() -> ml_collections.ConfigDict:
     )  # fmt: skip
 
 
+def reliability_config() -> ml_collections.ConfigDict:
+    """The online reliability λ of `wmrl_ppi` and `wmrl_weighted` (`wmrl_jax.core.ppi`),
+    shared by the trainer and the controlled study: the per-step decay of its sums over
+    anchor rows, and the anchor rows seen before λ leaves 0."""
+    return ml_collections.ConfigDict({"decay": 0.95, "warmup_rows": 64.0})
+
+
 def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     """The default training config (the tiny CPU main job's values) for an agent kind."""
     config = ml_collections.ConfigDict()
@@ -85,6 +92,9 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # (fast / slow EMA of the WM's out-of-sample squared error)^gain, clipped to
     # [rho_min, rho_max]; anchor_fraction for the first warmup_steps measured steps.
     config.anchors.adaptive = adaptive_rho_config()
+    # λ of wmrl_ppi / wmrl_weighted: Σ A_real·A_wm / Σ A_wm² over anchor rows, the sums
+    # decayed by `decay` per step, clipped to [0, 1]; 0 until `warmup_rows` rows.
+    config.anchors.reliability = reliability_config()
     config.advantage = "std"
     config.eval_every = 10
     # Held-out programs per task: 0 = one greedy program; K > 0 = K policy samples
@@ -296,6 +306,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.anchors.adaptive.{field} must be > 0, got {adaptive[field]}")
     _at_least(config, "anchors.adaptive.gain", 0.0)
     _at_least(config, "anchors.adaptive.warmup_steps", 0)
+    if not 0.0 < config.anchors.reliability.decay <= 1.0:
+        raise ConfigError(
+            "config.anchors.reliability.decay must be in (0, 1], got "
+            f"{config.anchors.reliability.decay}"
+        )
+    _at_least(config, "anchors.reliability.warmup_rows", 0.0)
     if not config.correction.local_prior_count > 0:
         raise ConfigError(
             "config.correction.local_prior_count must be > 0, got "

@@ -371,7 +371,9 @@ class Trainer:
 
     def _update(self, record: StepRecord, key, timing: LedgerStep) -> dict[str, float]:
         c = self.config
-        adv = stages.advantages(record.rewards, record.valid, c.group_size, c.advantage)
+        adv = record.advantages  # Set by arms that form their own (wmrl_ppi, wmrl_weighted).
+        if adv is None:
+            adv = stages.advantages(record.rewards, record.valid, c.group_size, c.advantage)
         batch = stages.policy_batch(record.rollout, adv, record.valid)
         if c.train.loss.aux_coef:  # The backbone keeps learning outcomes from executions.
             batch.update(

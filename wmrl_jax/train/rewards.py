@@ -10,7 +10,9 @@ reward are masked out; rows without a program get the invalid floor.
 
 Both stages read, and the correction writes, the train state's ``extra``: the
 correction's state (``extra["correction"]``) and, for adaptive arms, ρ's
-(``extra["rho"]``), so both travel with the checkpoints. `Rewarder` takes that
+(``extra["rho"]``) and, for arms that form their own advantages (`wmrl_ppi`,
+`wmrl_weighted`: `core.ppi`), the online reliability's (``extra["reliability"]``),
+so all travel with the checkpoints. `Rewarder` takes that
 dict and returns it updated; it keeps nothing between steps.
 
 Example:
@@ -29,7 +31,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from wmrl_jax.core import rho
+from wmrl_jax.core import ppi, rho
+from wmrl_jax.core.arms import real_rewards
 from wmrl_jax.core.correction import RewardCorrection
 from wmrl_jax.train import arms, builder, stages
 from wmrl_jax.train.stages import StepRecord
@@ -77,12 +80,19 @@ class Rewarder:
             rho.fraction, base=base, low=a.rho_min, high=a.rho_max, gain=a.gain,
             warmup_steps=a.warmup_steps,
         ))  # fmt: skip
+        r = config.anchors.reliability
+        self._advantages = jax.jit(functools.partial(
+            ppi.advantages, arm.estimator, mode=config.advantage, decay=r.decay,
+            warmup_rows=r.warmup_rows,
+        ))  # fmt: skip
 
     def init(self) -> dict:
         """The train state's ``extra`` entries: the correction's state, and ρ's (adaptive)."""
         extra = {"correction": self.correction.init()}
         if self.arm.adaptive_rho:  # Checkpointed with the state: a resume keeps its ρ.
             extra["rho"] = rho.init()
+        if self.arm.estimator != "grpo":  # So is the reliability λ.
+            extra["reliability"] = ppi.init()
         return extra
 
     def sampled_groups(self, num_groups: int, key) -> np.ndarray:
@@ -169,4 +179,28 @@ class Rewarder:
             record.rewards, valid, stages.no_program_rows(record.rollout), self.invalid_reward
         )
         record.valid = stages.finite_rows(record.rewards, valid, step=record.step)
+        if self.arm.estimator != "grpo":
+            extra = self._estimate(record, extra)
         return extra
+
+    def _estimate(self, record: StepRecord, extra: dict) -> dict:
+        """Sets ``record.advantages`` of a `wmrl_ppi` / `wmrl_weighted` arm; returns ``extra``
+        with the reliability's updated state. Rows without a program hold the invalid floor
+        in both streams (it is known without running anything)."""
+        g = record.group_size
+        none = stages.no_program_rows(record.rollout)
+        real, has_real = real_rewards(record.real, record.executed, record.partner)
+        real = np.where(none, self.invalid_reward, np.where(has_real, real, np.nan))
+        wm = np.where(none, self.invalid_reward, record.debiased)
+
+        def groups(x):
+            return np.asarray(x).reshape(-1, g)
+
+        out = self._advantages(
+            extra["reliability"], fed=groups(record.rewards), valid=groups(record.valid),
+            real=groups(real), wm=groups(wm), anchor=groups(np.repeat(record.anchor_groups, g)),
+            weights=groups(np.repeat(record.anchor_weights, g)),
+        )  # fmt: skip
+        record.advantages = np.asarray(out.advantages, np.float32).reshape(-1)
+        record.correction["reliability"] = float(out.lam)
+        return {**extra, "reliability": out.state}

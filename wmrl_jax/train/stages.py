@@ -55,6 +55,9 @@ class StepRecord:
         this step (the WM-only stream), None without a world model.
       rewards: [N] the rewards fed to GRPO.
       valid: [N] bool, rows that enter the group statistics and the loss.
+      advantages: [N] the advantages of an arm that forms its own
+        (`Arm.estimator` "ppi" or "weighted", `wmrl_jax.core.ppi`); None: the
+        group advantages of ``rewards`` (`advantages`).
       correction: the correction's diagnostics (empty without a world model).
       ledger: the step's compute.
     """
@@ -75,6 +78,7 @@ class StepRecord:
     debiased: np.ndarray | None = None
     rewards: np.ndarray | None = None
     valid: np.ndarray | None = None
+    advantages: np.ndarray | None = None
     correction: dict = dataclasses.field(default_factory=dict)
     ledger: Ledger = Ledger()
 
