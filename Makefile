@@ -28,6 +28,9 @@ study-realsweep: $(STAMP)
 study-paired: $(STAMP)
 	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:paired --workdir=outputs/study_compute_paired --config.study.best_real=$(BEST_REAL)
 
+main-seeds: $(STAMP)
+	$(PY) -m experiments.main_job --config=experiments/configs/main_job.py --workdir=outputs/main_job --readme=README.md --docs=docs/main_job.md
+
 controlled: $(STAMP)
 	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled --readme=README.md --docs=docs/controlled_study.md
 

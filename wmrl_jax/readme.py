@@ -22,9 +22,10 @@ PAGES = {
     "controlled": "controlled_study.md",
     "embodied": "embodied.md",
     "board-checks": "tasks.md",
+    "main-job": "main_job.md",
 }
 # The sections that also write a headline into the README.
-HEADLINES = ("study", "controlled", "embodied")
+HEADLINES = ("main-job", "study", "controlled", "embodied")
 
 
 def headline_marker(name: str) -> str:

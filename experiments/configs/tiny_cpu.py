@@ -21,6 +21,9 @@ from wmrl_jax.train.config import base_config
 def get_config(arg: str | None = None):
     """Returns the tiny CPU config; `arg` selects a variant ("runlocal")."""
     config = base_config()
+    # Held-out: the expected percentile over 8 sampled programs per task (the same draws
+    # at every evaluation), not one greedy program, whose single pick per task is noisy.
+    config.eval_samples = 8
     if arg == "runlocal":
         config.num_steps = 2
         config.tasks_per_step = 2
@@ -28,6 +31,7 @@ def get_config(arg: str | None = None):
         config.eval_every = 2
         config.checkpoint.every = 1
         config.agent.recipe.warm_start.steps = 5
+        config.eval_samples = 2
     elif arg:
         raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
     config.lock()
