@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wmrl_jax.envs import grading, recipes
+from wmrl_jax.envs import families, grading, recipes
 from wmrl_jax.envs.tabular import (
     FORMAT_VERSION,
     REPLICATES,
@@ -240,6 +240,7 @@ def build(
 
     meta = {
         "format_version": FORMAT_VERSION,
+        "generation": families.GENERATION,
         "num_recipes": recipes.NUM_RECIPES,
         "slot_sizes": list(recipes.SLOT_SIZES),
         "status_names": list(STATUS_NAMES),
@@ -304,6 +305,8 @@ def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
         arrays[name] = np.stack(rows)
     meta = json.loads(json.dumps(base.meta))
     meta["tasks"].update(json.loads(json.dumps(update.meta["tasks"])))
+    # Tasks kept from `base` have the same data digest under both generations.
+    meta["generation"] = update.meta.get("generation", 1)
     boards = {**base.boards, **update.boards}
     return RecipeTable(
         tuple(ids), arrays["status"], arrays["score"], arrays["seconds"], boards, meta,
