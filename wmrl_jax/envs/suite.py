@@ -41,6 +41,9 @@ SUBMISSION_FILE = "submission.csv"
 SUITES = ("core", "grown")
 # Significant digits of every generated float (features and regression targets).
 DIGITS = 8
+# Generation 2's compute budget per run, CPU seconds: about 10x the median recipe run,
+# so the costliest recipes (forests, boosting, MLPs) time out on the larger tasks.
+CPU_BUDGET = 0.25
 
 
 class TaskSpec(NamedTuple):
@@ -403,6 +406,8 @@ def write_task(spec: TaskSpec, out_dir: str, *, seed: int) -> tuple[str, TaskDat
         "leaderboards": ["private"],
         "seed": seed,
     }
+    if families.GENERATION >= 2:
+        manifest["limits"]["cpu_seconds"] = CPU_BUDGET
     with open(os.path.join(root, task.MANIFEST_NAME), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
         f.write("\n")

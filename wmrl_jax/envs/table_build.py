@@ -138,6 +138,9 @@ def run_in_process(
             os.environ.update(saved_env)
         if status == "ok" and seconds > task.limits.get("wall_seconds", float("inf")):
             status, message = "timeout", f"ran {seconds:.1f} s"
+        budget = task.limits.get("cpu_seconds", float("inf"))
+        if status == "ok" and cpu > budget:  # killed at the budget: that is what it cost
+            status, message, cpu = "timeout", f"used {cpu:.2f} CPU s of {budget}", budget
         score = float("nan")
         if status == "ok":
             result = grading.grade(task, os.path.join(out, task.submission.file))
