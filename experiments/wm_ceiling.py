@@ -55,8 +55,8 @@ def observations(seed: int = 0) -> tuple[dict[str, dict[str, int]], dict[str, st
 def group_spearman(pred: np.ndarray, truth: np.ndarray, groups: np.ndarray) -> float:
     """Mean Spearman correlation within each row of `groups` (recipe indices [G, k]);
     groups where either side is constant are skipped."""
-    rhos = [stats.spearmanr(pred[g], truth[g]).statistic for g in groups]
-    rhos = [r for r in rhos if np.isfinite(r)]
+    ranked = [g for g in groups if np.ptp(pred[g]) > 0 and np.ptp(truth[g]) > 0]
+    rhos = [stats.spearmanr(pred[g], truth[g]).statistic for g in ranked]
     return float(np.mean(rhos)) if rhos else float("nan")
 
 
