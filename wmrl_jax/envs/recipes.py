@@ -51,6 +51,11 @@ VALIDATION = 0.2
 # Mixed into every probability row: one confident mistake must not cost the whole log-loss.
 HEDGE = 0.005
 FRACTIONS = (0.1, 0.3, 1.0)
+# Task generation 2 (`families.GENERATION`) adds failures a reader of the task and the
+# recipe can foresee: naive Bayes levels a=0, 1 become a multinomial (count) model, which
+# refuses negative features (any scaled, transformed or signed data), and on a
+# regression target the family is a classifier, which refuses a continuous target.
+_NB_GEN2_ALPHA = (1.0, 1e-2)
 _KNN_WEIGHTS = ("uniform", "distance", "manhattan")
 
 
@@ -146,6 +151,13 @@ def _param_text(p: Param, level: int) -> str:
     return f"{p.name}={c!r}" if c == g else f"{p.name}={c!r}|{g!r}"
 
 
+def failure_modes() -> bool:
+    """Whether programs are compiled with generation 2's foreseeable failures."""
+    from wmrl_jax.envs import families
+
+    return families.GENERATION >= 2
+
+
 def describe(r: Recipe) -> str:
     """A short readable name, e.g. "standard/forest/a=2/b=0 (n_estimators=200, max_depth=4)".
 
@@ -154,7 +166,11 @@ def describe(r: Recipe) -> str:
     _check(r)
     family = MODELS[r.model]
     _, _, pa, pb = _FAMILIES[family]
-    params = f"{_param_text(pa, r.a)}, {_param_text(pb, r.b)}"
+    first = _param_text(pa, r.a)
+    if family == "naive_bayes" and failure_modes():
+        model = f"multinomial alpha={_NB_GEN2_ALPHA[r.a]!r}" if r.a < 2 else "gaussian"
+        first = f"{model}|GaussianNB on the target"
+    params = f"{first}, {_param_text(pb, r.b)}"
     return f"{PREPROCESS[r.preprocess]}/{family}/a={r.a}/b={r.b} ({params})"
 
 
@@ -344,6 +360,15 @@ def compile_program(r: Recipe, task: Task) -> str:
     a, b = (pa.cls, pb.cls) if cls else (pa.reg, pb.reg)
     a, b = a[r.a], b[r.b]
     model_import, ctor = _estimator(family, a, b, cls)
+    if family == "naive_bayes" and failure_modes() and not (cls and r.a == 2):
+        model_import, ctor = (
+            (
+                "from sklearn.naive_bayes import MultinomialNB",
+                f"MultinomialNB(alpha={_NB_GEN2_ALPHA[r.a]!r})",
+            )
+            if cls
+            else ("from sklearn.naive_bayes import GaussianNB", "GaussianNB()")
+        )
     prep_import, prep_ctor = _PREPROCESS_CODE[prep]
     imports = {model_import} | ({prep_import} if prep_import else set())
     if cls:

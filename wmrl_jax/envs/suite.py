@@ -13,7 +13,13 @@ This module writes a task's data, answers, sample submission and manifest;
 
     python -m wmrl_jax.envs.builtin build --out DIR [--seed N]
 
-The same seed gives byte-identical files.
+The same seed gives byte-identical files on one machine. Across machines, under
+`families.GENERATION` 2, generated floats are rounded to `DIGITS` significant
+digits (`round_significant`) before anything reads or writes them, so the
+last-bit differences of BLAS kernels and of numpy's CPU-specific exp/sin/pow
+loops vanish in all but about one value in 10^7 (`tests/envs/test_reproduce.py`
+regenerates every task of the recipe table and compares its data digest, and
+checks generation 2 under another BLAS kernel and numpy's baseline loops).
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ from wmrl_jax.envs import families, ladder, metrics, report, task
 
 SUBMISSION_FILE = "submission.csv"
 SUITES = ("core", "grown")
+# Significant digits of every generated float (features and regression targets).
+DIGITS = 8
+# Generation 2's compute budget per run, CPU seconds: about 10x the median recipe run,
+# so the costliest recipes (forests, boosting, MLPs) time out on the larger tasks.
+CPU_BUDGET = 0.25
 
 
 class TaskSpec(NamedTuple):
@@ -266,17 +277,38 @@ def spec_by_id(task_id: str) -> TaskSpec:
     raise ValueError(f"unknown suite task id {task_id!r}")
 
 
+def round_significant(values: np.ndarray, digits: int = DIGITS) -> np.ndarray:
+    """float64 `values` rounded to `digits` significant digits, correctly rounded.
+
+    Uses Python's decimal formatting, which rounds exactly, so the result
+    depends only on the input bits (numpy's `round` scales by a power of ten
+    and can differ in the last bit). Non-finite values pass through.
+    """
+    flat = np.asarray(values, np.float64).ravel()
+    out = np.array([float(f"{v:.{digits}g}") for v in flat.tolist()], np.float64)
+    return out.reshape(np.shape(values))
+
+
 def split_task(spec: TaskSpec, *, seed: int) -> TaskData:
-    """Generates the task's data and its seeded train/test split (no files)."""
+    """Generates the task's data and its seeded train/test split (no files).
+
+    Under `families.GENERATION` 2, features and regression targets are rounded
+    to `DIGITS` significant digits.
+    """
     tseed = _task_seed(seed, spec.id)
     x, y = spec.make(tseed)
+    stable = families.GENERATION >= 2
     x = np.asarray(x, dtype=np.float64)
+    if stable:
+        x = round_significant(x)
     if spec.classification:
         _, y = np.unique(y, return_inverse=True)
         num_classes = int(y.max()) + 1
     else:
         num_classes = None
     y = np.asarray(y, dtype=np.int64 if spec.classification else np.float64)
+    if stable and not spec.classification:
+        y = round_significant(y)
     rng = np.random.default_rng(tseed)
     perm = rng.permutation(len(y))
     n_test = max(30, int(round(0.3 * len(y))))
@@ -374,6 +406,8 @@ def write_task(spec: TaskSpec, out_dir: str, *, seed: int) -> tuple[str, TaskDat
         "leaderboards": ["private"],
         "seed": seed,
     }
+    if families.GENERATION >= 2:
+        manifest["limits"]["cpu_seconds"] = CPU_BUDGET
     with open(os.path.join(root, task.MANIFEST_NAME), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, sort_keys=True)
         f.write("\n")

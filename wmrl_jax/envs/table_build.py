@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wmrl_jax.envs import grading, recipes
+from wmrl_jax.envs import families, grading, recipes
 from wmrl_jax.envs.tabular import (
     FORMAT_VERSION,
     REPLICATES,
@@ -138,6 +138,9 @@ def run_in_process(
             os.environ.update(saved_env)
         if status == "ok" and seconds > task.limits.get("wall_seconds", float("inf")):
             status, message = "timeout", f"ran {seconds:.1f} s"
+        budget = task.limits.get("cpu_seconds", float("inf"))
+        if status == "ok" and cpu > budget:  # killed at the budget: that is what it cost
+            status, message, cpu = "timeout", f"used {cpu:.2f} CPU s of {budget}", budget
         score = float("nan")
         if status == "ok":
             result = grading.grade(task, os.path.join(out, task.submission.file))
@@ -240,6 +243,7 @@ def build(
 
     meta = {
         "format_version": FORMAT_VERSION,
+        "generation": families.GENERATION,
         "num_recipes": recipes.NUM_RECIPES,
         "slot_sizes": list(recipes.SLOT_SIZES),
         "status_names": list(STATUS_NAMES),
@@ -304,6 +308,8 @@ def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
         arrays[name] = np.stack(rows)
     meta = json.loads(json.dumps(base.meta))
     meta["tasks"].update(json.loads(json.dumps(update.meta["tasks"])))
+    # Tasks kept from `base` have the same data digest under both generations.
+    meta["generation"] = update.meta.get("generation", 1)
     boards = {**base.boards, **update.boards}
     return RecipeTable(
         tuple(ids), arrays["status"], arrays["score"], arrays["seconds"], boards, meta,

@@ -47,19 +47,20 @@ def _prompts(vocab, n):
 
 
 def test_vocab_layout(vocab):
-    # 4 specials + 2+7+6+6+6+4+2 = 33 feature tokens -> slots start at 37.
-    assert vocab.slot_offsets == (37, 39, 42, 44)
-    assert vocab.bin_offset == 46 and vocab.size == 46 + 8 + 1
-    assert vocab.prompt_length == 9 and vocab.num_slots == 4
+    # 4 specials + 2+7+6+6+6+4+2 shape + 3+3 column types + 4*6 landmarks + 5 best
+    # = 68 feature tokens -> slots start at 72.
+    assert vocab.slot_offsets == (72, 74, 77, 79)
+    assert vocab.bin_offset == 81 and vocab.size == 81 + 8 + 1
+    assert vocab.prompt_length == 16 and vocab.num_slots == 4
     names = [vocab.token_name(i) for i in range(vocab.size)]
     assert len(set(names)) == vocab.size
     assert names[:4] == ["<pad>", "<bos>", "<recipe>", "<predict>"]
-    assert names[37:40] == ["slot0=0", "slot0=1", "slot1=0"]
-    assert names[46] == "bin0" and names[-1] == "bin_fail"
+    assert names[72:75] == ["slot0=0", "slot0=1", "slot1=0"]
+    assert names[81] == "bin0" and names[-1] == "bin_fail"
     mask = vocab.slot_mask()
     assert mask.sum(axis=1).tolist() == list(SLOTS)
-    assert np.flatnonzero(mask[2]).tolist() == [42, 43]
-    np.testing.assert_array_equal(vocab.bin_ids(), np.arange(46, 55))
+    assert np.flatnonzero(mask[2]).tolist() == [77, 78]
+    np.testing.assert_array_equal(vocab.bin_ids(), np.arange(81, 90))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         vocab.token_name(vocab.size)
     assert hash(vocab) == hash(rv.RecipeVocab(slot_sizes=list(SLOTS), num_bins=8))
@@ -111,7 +112,7 @@ def test_bins_round_trip():
 def test_recipe_token_conversions(vocab):
     recipes = [(0, 0, 0, 0), (1, 2, 1, 1), (1, 0, 1, 0)]
     tokens = rv.tokens_from_recipes(vocab, recipes)
-    np.testing.assert_array_equal(tokens, [[37, 39, 42, 44], [38, 41, 43, 45], [38, 39, 43, 44]])
+    np.testing.assert_array_equal(tokens, [[72, 74, 77, 79], [73, 76, 78, 80], [73, 74, 78, 79]])
     assert tokens.dtype == np.int32
     np.testing.assert_array_equal(rv.slots_from_tokens(vocab, tokens), recipes)
     assert [tuple(r) for r in rv.recipes_from_tokens(vocab, tokens)] == recipes
@@ -123,9 +124,9 @@ def test_recipe_token_conversions(vocab):
     with pytest.raises(ValueError, match="shape"):
         rv.tokens_from_recipes(vocab, [(0, 0, 0)])
     with pytest.raises(ValueError, match="not a token of its slot"):
-        rv.slots_from_tokens(vocab, [[37, 37, 42, 44]])
+        rv.slots_from_tokens(vocab, [[72, 72, 77, 79]])
     with pytest.raises(ValueError, match="shape"):
-        rv.slots_from_tokens(vocab, [37, 39, 42, 44])
+        rv.slots_from_tokens(vocab, [72, 74, 77, 79])
 
 
 # --------------------------------------------------------------------- task prompts
@@ -161,14 +162,18 @@ def test_task_prompt_classification(tmp_path, vocab):
         header=["id", "f0", "f1", "f2", "target"], rows=rows,
     )  # fmt: skip
     feats = rv.task_features(task)
+    # Labels independent of the features: every probe scores near chance.
     assert feats == {"type": 0, "metric": 0, "rows": 1, "features": 1, "classes": 2,
-                     "target": 1, "scale": 0}  # fmt: skip
+                     "target": 1, "scale": 0, "discrete": 0, "nonnegative": 0, "nn1": 1,
+                     "stump": 1, "nb": 1, "linear": 1, "best": feats["best"]}  # fmt: skip
     prompt = rv.task_prompt(vocab, task)
     assert prompt.shape == (vocab.prompt_length,) and prompt.dtype == np.int32
     names = [vocab.token_name(t) for t in prompt]
-    assert names == ["<bos>", "type=classification", "metric=accuracy", "rows=100-199",
-                     "features=3-4", "classes=3", "target=imbalanced", "scale=homogeneous",
-                     "<recipe>"]  # fmt: skip
+    assert names[:-1] == ["<bos>", "type=classification", "metric=accuracy", "rows=100-199",
+                          "features=3-4", "classes=3", "target=imbalanced",
+                          "scale=homogeneous", "discrete=none", "nonnegative=none", "nn1=<0.2",
+                          "stump=<0.2", "nb=<0.2", "linear=<0.2", names[-2]]  # fmt: skip
+    assert names[-2].startswith("best=") and names[-1] == "<recipe>"
 
 
 def test_task_prompt_regression_and_log_loss(tmp_path, vocab):
@@ -179,8 +184,11 @@ def test_task_prompt_regression_and_log_loss(tmp_path, vocab):
         str(tmp_path / "reg"), metric="mae", direction="lower", target_columns=["target"],
         header=["id", "f0", "f1", "target"], rows=rows,
     )  # fmt: skip
-    assert rv.task_features(task) == {"type": 1, "metric": 4, "rows": 0, "features": 0,
-                                      "classes": 0, "target": 3, "scale": 1}  # fmt: skip
+    feats = rv.task_features(task)
+    assert {k: feats[k] for k in ("type", "metric", "rows", "features", "classes", "target",
+                                  "scale", "discrete", "nonnegative", "nn1", "linear")} == {
+        "type": 1, "metric": 4, "rows": 0, "features": 0, "classes": 0, "target": 3,
+        "scale": 1, "discrete": 0, "nonnegative": 0, "nn1": 1, "linear": 1}  # fmt: skip
     # log_loss: the class count comes from the p_* columns (4), even if train shows 2.
     rows = [[i, float(i), i % 2] for i in range(10)]
     task = _write_task(
@@ -213,15 +221,15 @@ def test_sampling_slot_constraint_frequencies_and_teacher_forcing(vocab, model):
     # Independent recomputation: one teacher-forced forward of [prompt, recipe].
     seq = jnp.concatenate([prompts, out.tokens], axis=1)
     logits = _apply(g, params, seq)
-    want = qwen3.token_logprobs(logits[:, 8:12], out.tokens)
+    want = qwen3.token_logprobs(logits[:, 15:19], out.tokens)
     np.testing.assert_allclose(out.logprobs, want, atol=1e-5)
     # Slot 0 depends on the prompt only: its frequencies follow the softmax over
-    # the slot's two tokens (ids 37, 38) of the prompt's last logits.
+    # the slot's two tokens (ids 72, 73) of the prompt's last logits.
     for k in range(4):
         rows = np.arange(k, N, 4)
-        z = np.asarray(logits[k, 8, 37:39], np.float64)
+        z = np.asarray(logits[k, 15, 72:74], np.float64)
         p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
-        freq = np.bincount(np.asarray(out.tokens[rows, 0]) - 37, minlength=2) / len(rows)
+        freq = np.bincount(np.asarray(out.tokens[rows, 0]) - 72, minlength=2) / len(rows)
         # Binomial standard error at n=512 is <= 0.022; 4 sigma.
         np.testing.assert_allclose(freq, p, atol=0.09)
     # The same batch through policy_batch, scored as a train step scores it.
@@ -248,7 +256,7 @@ def test_greedy_is_deterministic_argmax(vocab, model):
     logits = np.asarray(_apply(g, params, jnp.concatenate([prompts, a.tokens], axis=1)))
     mask = vocab.slot_mask()
     for s in range(4):
-        best = np.argmax(np.where(mask[s], logits[:, 8 + s], -np.inf), axis=-1)
+        best = np.argmax(np.where(mask[s], logits[:, 15 + s], -np.inf), axis=-1)
         np.testing.assert_array_equal(a.tokens[:, s], best)
 
 
@@ -262,8 +270,8 @@ def test_sample_errors(vocab, model):
 
 
 def test_token_counts(vocab):
-    assert lm.sample_token_count(10, vocab) == lm.TokenCount(90, 40, 10 * 4 * 13)
-    assert lm.wm_token_count(10, vocab) == lm.TokenCount(140, 0, 140)
+    assert lm.sample_token_count(10, vocab) == lm.TokenCount(160, 40, 10 * 4 * 20)
+    assert lm.wm_token_count(10, vocab) == lm.TokenCount(210, 0, 210)
 
 
 # --------------------------------------------------------------------- train batch
@@ -306,7 +314,7 @@ def test_wm_predict_matches_numpy(vocab, model):
     logits = logits.astype(np.float64)
     full = np.exp(logits - logits.max(axis=1, keepdims=True))
     full /= full.sum(axis=1, keepdims=True)
-    p_bins = full[:, 46:55]
+    p_bins = full[:, 81:90]
     values = np.append((np.arange(8) + 0.5) / 8, -0.5)
     want_mass = p_bins.sum(axis=1)
     q = p_bins / want_mass[:, None]
@@ -328,7 +336,7 @@ def test_wm_predict_matches_numpy(vocab, model):
 def test_make_backbone(vocab):
     raw = lm.make_backbone(vocab, hidden_size=48, num_layers=3)
     config = config_from_dict(raw)
-    assert config.vocab_size == vocab.size == 55
+    assert config.vocab_size == vocab.size == 90
     assert (config.hidden_size, config.num_hidden_layers, config.intermediate_size) == (48, 3, 96)
 
 
@@ -348,7 +356,7 @@ def test_warm_start_data(vocab):
     rewards = np.arange(48, dtype=np.float32).reshape(2, 24) / 48
     rewards[0, 3] = np.nan
     p, tokens, r = lm.warm_start_data(vocab, prompts, rewards)
-    assert p.shape == (47, 9) and tokens.shape == (47, 4) and r.shape == (47,)
+    assert p.shape == (47, 16) and tokens.shape == (47, 4) and r.shape == (47,)
     np.testing.assert_array_equal(p[:23], np.tile(prompts[0], (23, 1)))
     every = rv.all_recipe_tokens(vocab)
     np.testing.assert_array_equal(tokens[3], every[4])  # recipe 3 of task 0 was dropped

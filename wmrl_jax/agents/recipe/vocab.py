@@ -3,7 +3,8 @@
 A tiny backbone writes recipes (one token per slot) for a task described by a
 handful of feature tokens, and predicts the outcome as one score-bin token:
 
-    prompt  = [BOS, type, metric, rows, features, classes, target, scale, RECIPE]   (P = 9)
+    prompt  = [BOS, type, metric, rows, features, classes, target, scale, discrete,
+               nonnegative, nn1, stump, nb, linear, best, RECIPE]                  (P = 16)
     recipe  = [slot_0, slot_1, ..., slot_{S-1}]     (slot s emits only its own tokens)
     WM      = [prompt, recipe, PREDICT] -> next token over B percentile bins + 1 failure bin
 
@@ -14,12 +15,16 @@ failure bin.
 
 The prompt is computed from the task's public data only (no task id), so the
 policy and the world model can generalise to unseen tasks with similar shape.
+Besides the task's shape it carries landmarks (`landmarks`): the binned
+cross-validated scores of four cheap probes on the training rows and which of
+them scores best, the signal a reader of a data report has about which kind of
+model suits the data. The observation is binned into tokens, not embedded.
 
 Example:
     >>> vocab = RecipeVocab(slot_sizes=(4, 8, 3, 3), num_bins=10)
     >>> prompt = task_prompt(vocab, load_task("suite/iris"))      # doctest: +SKIP
     >>> tokens_from_recipes(vocab, [(0, 1, 2, 0)])
-    array([[37, 42, 51, 52]], dtype=int32)
+    array([[72, 77, 86, 87]], dtype=int32)
 """
 
 from __future__ import annotations
@@ -32,12 +37,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from wmrl_jax.agents.recipe import landmarks
+
 PAD, BOS, RECIPE, PREDICT = 0, 1, 2, 3
 NUM_SPECIALS = 4
 CLASSIFICATION_METRICS = ("accuracy", "log_loss", "auc")
 REGRESSION_METRICS = ("rmse", "mae", "r2")
 ROW_EDGES = (100, 200, 400, 800, 1600)
 FEATURE_EDGES = (3, 5, 9, 17, 33)
+LANDMARK_EDGES = (0.2, 0.4, 0.6, 0.8)
+LANDMARK_LABELS = ("n/a", "<0.2", "0.2-0.4", "0.4-0.6", "0.6-0.8", ">=0.8")
 # Feature groups of the prompt, in prompt order: (name, token labels).
 FEATURE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("type", ("classification", "regression")),
@@ -47,6 +56,10 @@ FEATURE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("classes", ("none", "2", "3", "4-5", "6-10", ">10")),
     ("target", ("balanced", "imbalanced", "symmetric", "skewed")),
     ("scale", ("homogeneous", "heterogeneous")),
+    ("discrete", ("none", "some", "all")),
+    ("nonnegative", ("none", "some", "all")),
+    *((probe, LANDMARK_LABELS) for probe in landmarks.PROBES),
+    ("best", (*landmarks.PROBES, "n/a")),
 )
 PROMPT_LENGTH = len(FEATURE_GROUPS) + 2  # BOS + groups + RECIPE marker
 
@@ -198,6 +211,43 @@ def _read_train(path: str) -> tuple[list[str], np.ndarray]:
     return header, data
 
 
+_LANDMARK_CACHE: dict[tuple, dict[str, float]] = {}
+
+
+def _landmarks_of(path: str, x: np.ndarray, y: np.ndarray, classification: bool):
+    """`landmarks.landmarks`, cached per training file (path, size, mtime)."""
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, classification)
+    if key not in _LANDMARK_CACHE:
+        _LANDMARK_CACHE[key] = landmarks.landmarks(x, y, classification=classification)
+    return _LANDMARK_CACHE[key]
+
+
+def _landmark_features(scores: dict[str, float]) -> dict[str, int]:
+    """Bins of the probes' scores ("n/a" for NaN) and the best probe."""
+    out = {
+        name: 0 if not np.isfinite(v) else 1 + _bucket(v, LANDMARK_EDGES)
+        for name, v in scores.items()
+    }
+    finite = [(v, -k) for k, v in enumerate(scores.values()) if np.isfinite(v)]
+    out["best"] = -max(finite)[1] if finite else len(landmarks.PROBES)
+    return out
+
+
+def _share(columns: np.ndarray) -> int:
+    """0 when no column has the property, 2 when all do, else 1."""
+    return 0 if not columns.any() else 2 if columns.all() else 1
+
+
+def _column_types(x: np.ndarray) -> dict[str, int]:
+    """How many feature columns hold only integers, and only non-negative values."""
+    finite = np.where(np.isfinite(x), x, 0.0)
+    return {
+        "discrete": _share(np.all(finite == np.round(finite), axis=0)),
+        "nonnegative": _share(np.all(finite >= 0, axis=0)),
+    }
+
+
 def task_features(task) -> dict[str, int]:
     """Bucket index of every feature group for a `wmrl_jax.envs.task.Task`.
 
@@ -207,8 +257,11 @@ def task_features(task) -> dict[str, int]:
     of training rows and of features, number of classes (from the submission's
     `p_*` columns, else the distinct targets), target shape (classes balanced
     when the rarest class has >= half the count of the commonest; regression
-    targets skewed when |skewness| >= 1), and feature scale (heterogeneous when
-    feature standard deviations span more than a factor of 10).
+    targets skewed when |skewness| >= 1), feature scale (heterogeneous when
+    feature standard deviations span more than a factor of 10), feature type
+    (how many columns hold only integers: none, some, all), the four probes'
+    landmark scores binned at `LANDMARK_EDGES` ("n/a" when too few rows) and the
+    best-scoring probe (the first on a tie).
     """
     metric = task.metric.name
     columns = tuple(task.submission.target_columns)
@@ -242,6 +295,11 @@ def task_features(task) -> dict[str, int]:
     stds = stds[np.isfinite(stds) & (stds > 0)]
     scale = int(stds.size > 0 and stds.max() > 10.0 * stds.min())
     metric_labels = dict(FEATURE_GROUPS)["metric"]
+    rows = np.isfinite(data[:, header.index(answer)])
+    scores = _landmarks_of(
+        os.path.join(task.public_dir, "train.csv"), x[rows], data[rows, header.index(answer)],
+        is_cls,
+    )  # fmt: skip
     return {
         "type": 0 if is_cls else 1,
         "metric": metric_labels.index(metric)
@@ -252,6 +310,8 @@ def task_features(task) -> dict[str, int]:
         "classes": classes,
         "target": target,
         "scale": scale,
+        **_column_types(x),
+        **_landmark_features(scores),
     }
 
 
@@ -260,7 +320,7 @@ def task_prompt(vocab: RecipeVocab, task) -> np.ndarray:
 
     Example:
         >>> task_prompt(vocab, load_task("suite/iris")).shape       # doctest: +SKIP
-        (9,)
+        (16,)
     """
     features = task_features(task)
     ids = [vocab.feature_offset(name) + features[name] for name, _ in FEATURE_GROUPS]
