@@ -122,10 +122,11 @@ def _table(results: dict) -> str:
 
 
 def _flags(c: dict) -> str:
-    """The command-line overrides that differ from the study config's defaults that matter."""
+    """The command-line overrides of the seeds and the executor, as the table names them."""
     flags = ""
     if tuple(c["seeds"]) != (0, 1, 2):
-        flags += f" --config.seeds={','.join(str(s) for s in c['seeds'])}"
+        seeds = str(tuple(c["seeds"])).replace(" ", "")
+        flags += f' --config.seeds="{seeds}"'
     if c["train"]["executor"]["kind"] != "auto":
         flags += f" --config.train.executor.kind={c['train']['executor']['kind']}"
     return flags
