@@ -130,9 +130,11 @@ def compile_sampler(arch, config, mesh, rows: int) -> dict:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from wmrl_jax.models import api, sampler, sharding
+    from wmrl_jax.train import state as state_lib
 
     graphdef, shapes = api.abstract_split(arch, jnp.dtype(config.agent.text.dtype))
-    params = _abstract(shapes, sharding.param_shardings(shapes, mesh))
+    # As the trainer places them: by the partition rules, keyed on each param's name.
+    params = _abstract(shapes, state_lib.tree_shardings(shapes, mesh))
     text = config.agent.text
     prompt = text.max_prompt_tokens
     ids = NamedSharding(mesh, sharding.batch_spec((rows, prompt), mesh))
@@ -272,6 +274,22 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def load_results(spec: str) -> list[dict]:
+    """Results of earlier `--json` runs: "a.json,b.json:train" (b's train parts only)."""
+    results = []
+    for item in spec.split(","):
+        path, _, keep = item.partition(":")
+        with open(path) as f:
+            for r in json.load(f):
+                if keep:
+                    parts = set(keep.split("+"))
+                    r["full"] = {p: v for p, v in r.get("full", {}).items() if p in parts}
+                    r["depths"] = {d: {k: v for k, v in row.items() if k == "plan" or k in parts}
+                                   for d, row in r["depths"].items()}  # fmt: skip
+                results.append(r)
+    return results
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="h200", choices=aot_targets.TARGETS)
@@ -283,14 +301,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--meshes", default="config,single", help="config: 8 devices; single: one")
     parser.add_argument("--json", default=None)
     parser.add_argument("--readme", default=None, help="rewrite its aot section")
-    parser.add_argument("--from-json", default="", help="comma list: tables of earlier runs")
+    parser.add_argument(
+        "--from-json", default="", help="comma list of earlier runs' PATH[:part+part] to tabulate"
+    )
     args = parser.parse_args(argv)
     if args.from_json:
-        results = []
-        for path in args.from_json.split(","):
-            with open(path) as f:
-                results += json.load(f)
-        return report(results, args)
+        return report(load_results(args.from_json), args)
     # Nothing runs: JAX's own arrays (keys) stay on the host, whatever the target.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.target == "cpu":

@@ -116,7 +116,7 @@ def test_device_check_cpu_fallback(tmp_path):
     """Without a GPU the script runs the tiny shapes and writes every check's JSON."""
     proc = subprocess.run(
         ["bash", os.path.join(ROOT, "launch", "device_check.sh"), str(tmp_path), "--quick"],
-        capture_output=True, text=True, timeout=1800, cwd=ROOT, check=False,
+        capture_output=True, text=True, timeout=2400, cwd=ROOT, check=False,
         env={**os.environ, "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
