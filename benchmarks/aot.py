@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -191,8 +192,13 @@ def extrapolate(at: dict, depths: tuple[int, int], full: int) -> dict:
     return out
 
 
-def measure(name: str, target: str, depths, parts, mesh_shape, microbatches, devices, device):
-    """Compiler and plan numbers of one model and mesh, at each depth and extrapolated."""
+def measure(
+    name: str, target: str, depths, parts, mesh_shape, microbatches, devices, device, saved=None
+):
+    """Compiler and plan numbers of one model and mesh, at each depth and extrapolated.
+
+    `saved(out)` is called after each depth with what is known so far.
+    """
     from wmrl_jax.models import architectures, sharding
 
     arch = architectures.get(name)
@@ -212,6 +218,8 @@ def measure(name: str, target: str, depths, parts, mesh_shape, microbatches, dev
             row["rollout"] = compile_sampler(small, config, mesh, rows * sizes[0] * sizes[1])
         out["depths"][depth] = row
         print(f"  {name} mesh={sizes} depth {depth}: {_brief(row)}", flush=True)
+        if saved:
+            saved(out)
     if len(depths) >= 2:
         pair = tuple(depths[:2])
         for part in parts:
@@ -245,6 +253,18 @@ def per_layer(result: dict, part: str) -> tuple[float, float]:
     )
 
 
+def _rows(r: dict):
+    """(label, plan, compiler numbers, part, per-layer slopes) of each row of one result:
+    the full depth where it was extrapolated, else each compiled depth."""
+    for part in PARTS:
+        if part in r.get("full", {}):
+            yield "", r["full_plan"], r["full"][part], part, per_layer(r, part)
+            continue
+        for depth, row in r["depths"].items():
+            if part in row:
+                yield f" ({depth} of {r['layers']} layers)", row["plan"], row[part], part, None
+
+
 def table(results: list[dict]) -> str:
     """The plan-versus-compiler table (Markdown), per device, full depth."""
     head = (
@@ -254,24 +274,27 @@ def table(results: list[dict]) -> str:
     )
     lines = [head]
     for r in results:
-        plan = r["full_plan"]
-        for part in PARTS:
-            if part not in r.get("full", {}):
-                continue
-            c = r["full"][part]
+        for label, plan, c, part, slopes in _rows(r):
             key = "train" if part == "train" else "gen"
             p_args = plan["train_state"] if part == "train" else plan["gen_params"]
             p_temp = plan[f"{key}_temporaries"]
             c_peak = c["arguments"] + c["outputs"] - c["aliased"] + c["temporaries"]
-            c_layer, p_layer = per_layer(r, part)
+            slope = f"{slopes[0] / GIB:.2f}, {slopes[1] / GIB:.2f}" if slopes else "-"
             lines.append(
-                f"| {r['model']} | {'x'.join(map(str, r['mesh']))}, {r['microbatches']} | {part} "
+                f"| {r['model']}{label} | {'x'.join(map(str, r['mesh']))}, {r['microbatches']} "
+                f"| {part} "
                 f"| {c['arguments'] / GIB:.1f} / {c['temporaries'] / GIB:.1f} "
                 f"| {p_args / GIB:.1f} / {p_temp / GIB:.1f} "
                 f"| {p_args / c['arguments']:.2f}, {p_temp / c['temporaries']:.2f}, "
-                f"{(p_args + p_temp) / c_peak:.2f} | {c_layer / GIB:.2f}, {p_layer / GIB:.2f} |"
+                f"{(p_args + p_temp) / c_peak:.2f} | {slope} |"
             )
     return "\n".join(lines)
+
+
+def _save(path: str | None, done: list[dict], out: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump([*done, out], f, indent=1, default=str)
 
 
 def load_results(spec: str) -> list[dict]:
@@ -319,10 +342,14 @@ def main(argv=None) -> list[dict]:
         for which in args.meshes.split(","):
             mesh, micro = ((1, 1, 1), SINGLE[name]) if which == "single" else (None, None)
             depths = [int(d) for d in (args.depths or DEPTHS[name.split("-")[0]]).split(",")]
-            results.append(measure(name, args.target, depths, parts, mesh, micro, devices, device))
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=1, default=str)
+
+            done = list(results)
+            results.append(
+                measure(
+                    name, args.target, depths, parts, mesh, micro, devices, device,
+                    functools.partial(_save, args.json, done),
+                )
+            )  # fmt: skip
     return report(results, args)
 
 
