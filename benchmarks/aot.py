@@ -23,8 +23,8 @@ byte count is then affine in depth (params, optimizer state and the kept layer
 inputs per layer; one layer's working set and the LM head once), so the full
 depth is extrapolated from the two, and the plan is evaluated at the same
 depths, so plan and compiler are compared at compiled depths too.
-`--check-depth` compiles a third depth and reports how far the extrapolation
-from the first two lands from it.
+A third depth in `--depths` (e.g. ``--depths=2,4,8``) is compiled too and
+`check` in the JSON gives extrapolated / compiled at it, per number.
 """
 
 from __future__ import annotations
