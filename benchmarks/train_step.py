@@ -32,6 +32,7 @@ import numpy as np
 
 from benchmarks.forward import PRESETS as FORWARD_PRESETS
 from benchmarks.forward import flops_per_token, write_json
+from benchmarks.gated_delta import PRESETS as GDN_PRESETS
 from wmrl_jax import models
 from wmrl_jax.models import sharding
 from wmrl_jax.train import state as state_lib
@@ -54,8 +55,47 @@ PRESETS = {
         seq=2048,
         microbatches=4,
     ),
+    # Qwen3.5-0.8B's text shapes (hybrid: three Gated DeltaNet layers, then one attention).
+    "qwen3_5_0p8b": dict(
+        family="qwen3_5", model=GDN_PRESETS["qwen3_5_0p8b"], dtype="bfloat16", batch=8,
+        seq=2048, microbatches=4,
+    ),
     "tiny": dict(model=FORWARD_PRESETS["tiny"], dtype="float32", batch=4, seq=32, microbatches=2),
-}
+    "qwen3_5_tiny": dict(
+        family="qwen3_5", model=GDN_PRESETS["tiny"], dtype="float32", batch=4, seq=128,
+        microbatches=2,
+    ),
+}  # fmt: skip
+
+
+def model_config(preset: dict, dtype: str):
+    """The raw config dict of a preset (Qwen3 dense, or Qwen3.5 with ``family="qwen3_5"``)."""
+    if preset.get("family") == "qwen3_5":
+        return models.qwen3_5_text_config_dict(**preset["model"], dtype=dtype)
+    return models.qwen3_config_dict(**preset["model"], dtype=dtype)
+
+
+def model_flops_per_token(config, seq: int) -> float:
+    """Forward+backward FLOPs per token: 6 x matmul params + the softmax attention layers.
+
+    Dense Qwen3: `benchmarks.forward.flops_per_token`. Qwen3.5: 6 x the params of
+    every matrix (the embedding gather excluded, a tied head once) plus causal
+    attention in its full-attention layers; the Gated DeltaNet's chunked recurrence
+    (O(T C) per head, C = 64) is not counted, so its MFU leans low.
+    """
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return flops_per_token(config, seq)
+    from wmrl_jax.models import memory
+
+    shapes = memory.param_shapes(config)
+    matmul = sum(
+        int(np.prod(s)) for p, s in shapes.items() if len(s) == 2 and p[0] != "embed_tokens"
+    )
+    if config.tie_word_embeddings:
+        matmul += config.hidden_size * config.vocab_size
+    q = config.num_attention_heads * config.head_dim
+    return 6.0 * matmul + 6 * layer_types.count("full_attention") * q * seq
 
 
 def random_batch(rng, *, batch: int, seq: int, vocab: int) -> dict:
@@ -73,6 +113,25 @@ def random_batch(rng, *, batch: int, seq: int, vocab: int) -> dict:
         ),
         "advantages": rng.normal(size=batch).astype(np.float32),
     }
+
+
+def peak_bytes() -> int | None:
+    """The most bytes the first device's allocator held (None where it does not say: CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
+
+
+def planned_bytes(config, args, batch: int, seq: int, micro: int, mesh, dtype: str) -> float:
+    """The memory plan's train peak per device for this run (`train.memory.plan`)."""
+    from wmrl_jax.train import memory
+
+    workload = memory.Workload(
+        param_dtype=dtype, compute_dtype=dtype, rollout_rows=batch, prompt_tokens=seq // 4,
+        new_tokens=seq - seq // 4, anchors_per_task=0, wm_samples=1, wm_new_tokens=1,
+        microbatches=micro, reference=args.kl_coef != 0, remat=args.remat,
+    )  # fmt: skip
+    device = memory.Device("measured", 2.0**60, 2.0**60)  # the peak only; no fit is asked
+    return memory.plan(config, workload, dict(mesh.shape), device).train_peak
 
 
 def main(argv=None) -> dict:
@@ -100,7 +159,7 @@ def main(argv=None) -> dict:
     fsdp = args.fsdp or jax.device_count() // (args.data * args.tensor)
     mesh = sharding.make_mesh(args.data, fsdp, args.tensor)
 
-    raw = models.qwen3_config_dict(**preset["model"], dtype=dtype)
+    raw = model_config(preset, dtype)
     model = models.random_model(raw, jax.random.key(0), dtype=dtype)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(model.params))
     opt_config = state_lib.default_optimizer_config()
@@ -133,7 +192,7 @@ def main(argv=None) -> dict:
     step_s = statistics.median(times)
 
     tokens = batch * seq
-    per_token = flops_per_token(models.config_from_dict(raw), seq)
+    per_token = model_flops_per_token(models.config_from_dict(raw), seq)
     flops = per_token * tokens * args.epochs + (per_token / 3) * tokens * (args.kl_coef != 0)
     tflops = flops / step_s / 1e12
     payload = {
@@ -154,6 +213,10 @@ def main(argv=None) -> dict:
         "traces": step.trace_count,
         "loss": float(metrics["loss"]),
         "grad_norm": float(metrics["grad_norm"]),
+        "peak_bytes": peak_bytes(),
+        "plan_bytes": planned_bytes(
+            models.config_from_dict(raw), args, batch, seq, micro, mesh, dtype
+        ),
     }
     print(
         f"train step, preset={args.preset} ({n_params / 1e6:,.1f}M params, {dtype}), "

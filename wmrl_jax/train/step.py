@@ -296,9 +296,22 @@ class TrainStep:
             ahead.result()
 
     def lower(self, state: state_lib.TrainState, batch, key):
-        """The step traced and lowered for these arguments (no XLA compile, nothing donated)."""
+        """The step traced and lowered for these arguments (no XLA compile, nothing donated).
+
+        ``state``, ``batch`` and ``key`` may be `jax.ShapeDtypeStruct`s carrying their
+        shardings (ahead-of-time compilation without arrays, e.g. for a compile-only
+        device): an abstract batch is checked for its shapes and used as it is.
+        """
         self._check_state(state)
-        batch = self.shard_batch(batch)
+        if all(isinstance(x, jax.ShapeDtypeStruct) for x in batch.values()):
+            loss_lib.check_batch(
+                batch,
+                num_microbatches=self.config.num_microbatches,
+                batch_shards=self.batch_shards,
+                spec=self.spec,
+            )
+        else:
+            batch = self.shard_batch(batch)
         self._wait_ahead()
         return self._jit(state).lower(state, batch, key)
 

@@ -1,0 +1,144 @@
+"""Ahead-of-time compilation without weights, its plan comparison, and the device check."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import aot, aot_targets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_extrapolate_is_affine_in_depth():
+    at = {2: {"temporaries": 10.0, "arguments": 4, "compile_s": 1.0},
+          4: {"temporaries": 14.0, "arguments": 6, "compile_s": 2.0}}  # fmt: skip
+    full = aot.extrapolate(at, (2, 4), 36)
+    assert full == {"temporaries": 10.0 + 2.0 * 34, "arguments": 4 + 1.0 * 34}
+
+
+def test_at_depth_cuts_qwen3_5_layer_types():
+    from wmrl_jax.models import architectures
+
+    small = aot.at_depth(architectures.get("qwen3.5-4b"), 4)
+    assert small.num_hidden_layers == 4 and small.layer_types == (
+        "linear_attention", "linear_attention", "linear_attention", "full_attention",
+    )  # fmt: skip
+
+
+def test_gpu_target_config_and_unknown_target():
+    text = aot_targets.gpu_target_config("h200")
+    assert "core_count: 132" in text and "major: 9" in text and "H200" in text
+    with pytest.raises(ValueError, match="unknown target"):
+        aot_targets.target_devices("tpu9", 8)
+
+
+# Run on 8 forced host devices in a fresh process: a tiny Qwen3's sharded train step
+# (fsdp=4, two micro-batches) and sampler, lowered on abstract arrays and compiled.
+_SCRIPT = r"""
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax
+from benchmarks import aot
+from wmrl_jax.models import api, sharding
+from wmrl_jax.models.config import config_from_dict
+
+out = {}
+for remat in (False, True):
+    for layers in (2, 4):
+        arch = config_from_dict(api.qwen3_config_dict(
+            vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=layers,
+            num_attention_heads=8, num_key_value_heads=4, head_dim=16))
+        config = aot.run_config("qwen3-4b", (1, 4, 1), 2)
+        config.tasks_per_step, config.group_size = 2, 4
+        config.agent.text.max_prompt_tokens, config.agent.text.max_new_tokens = 192, 64
+        config.train.remat = remat
+        mesh = sharding.make_mesh(1, 4, 1, devices=jax.devices("cpu")[:4])
+        plan = aot.plan_numbers(arch, config, "h200", gen_rows=1)
+        out[f"{remat}-{layers}"] = {
+            "plan": plan, "train": aot.compile_train(arch, config, mesh),
+            "rollout": aot.compile_sampler(arch, config, mesh, 4),
+        }
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_compiles():
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=1800,
+        cwd=ROOT, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_plan_state_matches_compiled_arguments(tiny_compiles):
+    """Params and AdamW moments per device: the plan counts them exactly (the batch and
+    the step counter are the rest of the arguments, a few KiB here)."""
+    for run in tiny_compiles.values():
+        ratio = run["plan"]["train_state"] / run["train"]["arguments"]
+        assert 0.95 <= ratio <= 1.0, ratio
+        ratio = run["plan"]["gen_params"] / run["rollout"]["arguments"]
+        assert 0.95 <= ratio <= 1.0, ratio
+
+
+def test_plan_train_temporaries_track_the_compiler_without_remat(tiny_compiles):
+    """Without remat the plan's gradients + activations are within 25% of XLA's
+    temporaries (the issue's tolerance) at 2 and 4 layers."""
+    for layers in (2, 4):
+        run = tiny_compiles[f"False-{layers}"]
+        ratio = run["plan"]["train_temporaries"] / run["train"]["temporaries"]
+        assert 0.75 <= ratio <= 1.25, (layers, ratio)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="with remat XLA allocates more than the plan's remat saving (the kept layer "
+    "inputs, one layer's working set): already at 2 layers on this sharded CPU compile, and "
+    "its temporaries grow per layer by far more than one layer input (benchmarks/README.md)",
+)
+@pytest.mark.parametrize("layers", [2, 4])
+def test_plan_train_temporaries_track_the_compiler_with_remat(tiny_compiles, layers):
+    run = tiny_compiles[f"True-{layers}"]
+    ratio = run["plan"]["train_temporaries"] / run["train"]["temporaries"]
+    assert 0.75 <= ratio <= 1.25, ratio
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="remat's per-layer saving is not what XLA allocates: its temporaries grow per "
+    "layer by far more than the one kept layer input the plan counts (benchmarks/README.md)",
+)
+def test_plan_remat_per_layer_growth_matches_the_compiler(tiny_compiles):
+    plan = tiny_compiles["True-4"]["plan"]["train_temporaries"]
+    plan -= tiny_compiles["True-2"]["plan"]["train_temporaries"]
+    xla = tiny_compiles["True-4"]["train"]["temporaries"]
+    xla -= tiny_compiles["True-2"]["train"]["temporaries"]
+    assert 0.75 <= plan / xla <= 1.25, plan / xla
+
+
+def test_device_check_script_syntax():
+    subprocess.run(["bash", "-n", os.path.join(ROOT, "launch", "device_check.sh")], check=True)
+
+
+def test_device_check_cpu_fallback(tmp_path):
+    """Without a GPU the script runs the tiny shapes and writes every check's JSON."""
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "launch", "device_check.sh"), str(tmp_path), "--quick"],
+        capture_output=True, text=True, timeout=2400, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {k: v["status"] for k, v in summary["checks"].items()} == dict.fromkeys(
+        ("train_qwen3", "train_qwen3_5", "sampler", "gated_delta"), "ok"
+    )
+    sampler = json.loads((tmp_path / "sampler.json").read_text())
+    assert all(0 < r["fraction_of_bound"] for r in sampler["rows"] if "tokens_per_s" in r)
+    train = json.loads((tmp_path / "train_qwen3.json").read_text())
+    assert train["plan_bytes"] > 0 and train["mfu"] > 0
+    assert json.loads((tmp_path / "sandbox.json").read_text())["status"] in ("skipped", "ok")
