@@ -56,6 +56,12 @@ def smoke_config(qs, *, seeds: int, steps: int, workers: int, suite: str = "grow
     )  # fmt: skip
 
 
+def _mean(values) -> float:
+    """Mean over the finite values; NaN when none is (e.g. q of an arm without a WM)."""
+    x = np.asarray(values, np.float64)
+    return float(x[np.isfinite(x)].mean()) if np.isfinite(x).any() else float("nan")
+
+
 def run_row(summary: dict, model) -> dict:
     """One run's realised q, held-out levels, executions and re-priced compute."""
     steps = summary["steps"]
@@ -92,7 +98,7 @@ def main(argv):
     print("| run | realised q | held-out before -> after | executions | compute (recorded / 30 s"
           " / 300 s / 1800 s per execution, N=4e9) |")  # fmt: skip
     for label, rows in table.items():
-        mean = {k: float(np.nanmean([r[k] for r in rows])) for k in rows[0]}
+        mean = {k: _mean([r[k] for r in rows]) for k in rows[0]}
         print(f"| {label} | {mean['q_realised']:.3f} | {mean['heldout_before']:.3f} -> "
               f"{mean['heldout_after']:.3f} | {mean['executions']:.0f} | "
               f"{mean['compute_recorded']:.0f} / {mean['compute_30s']:.0f} / "

@@ -202,3 +202,15 @@ def test_sigterm_closes_the_executor_and_a_second_trainer_is_refused(tmp_path):
     assert "error: stopped by SIGTERM: executors closed" in out
     assert "Traceback" not in out
     assert closed.exists()
+
+
+def test_tiny_cpu_with_the_synthetic_world_model_on_replay(tmp_path):
+    _run("experiments/configs/tiny_cpu.py:runlocal", tmp_path, "--config.executor.kind=replay",
+         "--config.world_model.kind=synthetic", "--config.world_model.synthetic.q=0.8",
+         "--config.cost_model.params=1e9", "--config.cost_model.execution_seconds=30")  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps = summary["steps"]
+    assert all(-1.0 <= s["wm/q_realised"] <= 1.0 for s in steps if s["wm/q_groups"] > 0)
+    assert summary["ledger"]["wm_rows"] > 0
+    last = steps[-1]
+    assert last["ledger/modelled_compute_seconds"] >= 30.0 * last["ledger/executions"] > 0
