@@ -46,7 +46,8 @@ def test_lora_runlocal_trains_checkpoints_adapters_resumes_and_exports_merged(tm
     assert saved and all("lora" in path for path in saved), sorted(saved)[:5]
     assert not any(p[-1] == "kernel" or p[0] == "embed_tokens" for p in saved)
     resumed = _train(tmp_path, 2)
-    assert "resumed from step 1" in resumed.stdout + resumed.stderr
+    # The second run starts from the checkpoint of step 1: it trains step 2 only.
+    assert "step  2/2" in resumed.stdout and "step  1/2" not in resumed.stdout, resumed.stdout
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = {r["step"]: r for r in rows if "train/loss" in r}
     assert sorted(trained) == [1, 2]
