@@ -192,9 +192,16 @@ def current_lr(opt_state) -> jax.Array | None:
     return None
 
 
+def split_trainable(params):
+    """(what is trained, the frozen rest or None): (adapters, base) under LoRA."""
+    if lora.has_adapters(params):
+        return lora.partition(params)
+    return params, None
+
+
 def trainable(params):
     """What the optimizer updates: the adapters of an adapted model, else all of ``params``."""
-    return lora.partition(params)[0] if lora.has_adapters(params) else params
+    return split_trainable(params)[0]
 
 
 def reference(state: TrainState):

@@ -200,7 +200,7 @@ class TrainStep:
         ref_logp = self._ref_logprobs(state_lib.reference(state), batch) if kl_on else None
         # Under LoRA only the adapters are differentiated and updated; the frozen base
         # stays out of the loop's carry and comes back unchanged.
-        trainable, frozen = _split(state.params)
+        trainable, frozen = state_lib.split_trainable(state.params)
         param_shardings = state_lib.tree_shardings(trainable, self.mesh)
 
         def epoch(carry, _):
@@ -322,7 +322,7 @@ class TrainStep:
             def fn(state, batch):
                 kl_on = self.config.loss.kl_coef != 0
                 ref = self._ref_logprobs(state_lib.reference(state), batch) if kl_on else None
-                trainable, frozen = _split(state.params)
+                trainable, frozen = state_lib.split_trainable(state.params)
                 return loss_lib.loss_and_grads(
                     self.graphdef,
                     trainable,
@@ -340,10 +340,3 @@ class TrainStep:
                 out_shardings=(self._replicated, grads_out, self._replicated),
             )
         return self._grads_fn(state, batch)
-
-
-def _split(params):
-    """(what is trained, the frozen rest or None): the adapters and the base under LoRA."""
-    if lora.has_adapters(params):
-        return lora.partition(params)
-    return params, None
