@@ -135,6 +135,8 @@ class AgentContext:
       mesh: the run's (data, fsdp, tensor) mesh, or None (one device).
       batch_sizes: rows per generation call by role ("rollout", "wm"), from the
         trainer's memory plan; None: all rows in one call.
+      lora: `models.lora.attach` keywords (rank, alpha, targets) when the run trains
+        adapters (`train.lora.rank` >= 1), else None.
     """
 
     train: Sequence[Task]
@@ -144,6 +146,7 @@ class AgentContext:
     key: Any
     mesh: Any = None
     batch_sizes: Mapping[str, int] | None = None
+    lora: Mapping[str, Any] | None = None
 
 
 class Built(NamedTuple):
@@ -176,9 +179,11 @@ class Capabilities:
       program_features: F, the categorical features per program its rollouts
         carry (`Rollout.features`) for the local correction; 0: none (programs
         are then "near" when they solve the same task).
+      lora: its backbone takes LoRA adapters (`train.lora`, `AgentContext.lora`).
     """
 
     aux_loss: bool
     replayable: bool
     memory_plan: bool = False
     program_features: int = 0
+    lora: bool = False

@@ -51,16 +51,25 @@ def init_cache(config: Qwen3Config, batch: int, slots: int, dtype) -> KVCache:
 
 
 class Linear(nnx.Module):
-    """y = x W (+ b) with W of shape [in, out]."""
+    """y = x W (+ b) (+ s x A B) with W of shape [in, out].
+
+    `lora` is None unless `models.lora.attach` gives the projection a low-rank
+    adapter (an `nnx.LoRA` with A [in, r], B [r, out] and its scale s = alpha / r).
+    """
 
     def __init__(self, d_in: int, d_out: int, *, bias: bool, dtype, rngs: nnx.Rngs):
         init = nnx.initializers.normal(0.02)
         self.kernel = nnx.Param(init(rngs.params(), (d_in, d_out), dtype))
         self.bias = nnx.Param(jnp.zeros((d_out,), dtype)) if bias else None
+        self.lora = nnx.data(None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         y = jnp.dot(x, self.kernel[...])
-        return y if self.bias is None else y + self.bias[...]
+        y = y if self.bias is None else y + self.bias[...]
+        if self.lora is None:
+            return y
+        # x A first: the adapter costs O(r (in + out)) per token, never an [in, out] matrix.
+        return y + self.lora(x) * jnp.asarray(self.lora.scale, y.dtype)
 
 
 class RMSNorm(nnx.Module):

@@ -4,7 +4,9 @@ Megatron-style tensor parallelism: column-parallel q/k/v, gate and up (output di
 on `tensor`), row-parallel o and down (input dim on `tensor`), and the same for
 the Gated DeltaNet projections (in_proj_* column-, out_proj row-parallel); the other dim of
 every matrix is sharded on `fsdp` (ZeRO-3-like gathering by XLA). Norm weights
-are replicated. The batch is split over (`data`, `fsdp`). A mesh axis is dropped
+are replicated. A LoRA adapter's A [in, r] and B [r, out] take their projection's
+rule on the in and out dim respectively, the rank dim whole. The batch is split
+over (`data`, `fsdp`). A mesh axis is dropped
 from a dim it does not divide, so tiny test models still shard.
 """
 
@@ -68,12 +70,27 @@ def _fit(spec: Sequence, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
 def param_spec(path: Sequence, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
     """Partition spec of one param given its path in the params pure dict."""
     names = [str(p) for p in path]
+    if len(names) > 2 and names[-2] == "lora" and names[-1] in _ADAPTER_DIM:
+        return _adapter_spec(names[-3], names[-1], shape, mesh)
     rule = _RULES.get((names[-2] if len(names) > 1 else None, names[-1]))
     if rule is None:
         rule = _RULES.get((None, names[-1]), (None,) * len(shape))
     if len(rule) != len(shape):
         rule = (None,) * len(shape)
     return _fit(rule, shape, mesh)
+
+
+# A LoRA adapter (`models.lora`) at <projection>/lora/lora_a [in, r] or lora_b [r, out]
+# follows its projection kernel's rule on the dim they share; the rank dim is whole.
+_ADAPTER_DIM = {"lora_a": 0, "lora_b": 1}
+
+
+def _adapter_spec(projection: str, leaf: str, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    kernel = _RULES.get((projection, "kernel"), (None, None))
+    dim = _ADAPTER_DIM[leaf]
+    rule = [None, None]
+    rule[dim] = kernel[dim]
+    return _fit(rule, shape, mesh) if len(shape) == 2 else PartitionSpec()
 
 
 def param_shardings(params_shapes: Mapping, mesh: Mesh):

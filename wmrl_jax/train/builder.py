@@ -19,7 +19,7 @@ from wmrl_jax.core.correction import RewardCorrection
 from wmrl_jax.envs import grading
 from wmrl_jax.envs.task import Task, check_unique_ids, load_task
 from wmrl_jax.train import arms
-from wmrl_jax.train.config import ConfigError
+from wmrl_jax.train.config import ConfigError, lora_settings
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +373,7 @@ def build_agent(
     context = agents.AgentContext(
         train=tasks.train, heldout=tasks.heldout, pretrain=tasks.pretrain,
         floors=reward_floors(config), key=key, mesh=mesh, batch_sizes=batch_sizes,
+        lora=lora_settings(config),
     )  # fmt: skip
     try:
         return agents.make(kind, config.agent[kind], context, **kwargs)

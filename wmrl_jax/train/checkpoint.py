@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint import checkpoint_managers
 
-from wmrl_jax.models import api
+from wmrl_jax.models import api, lora
 from wmrl_jax.models.config import config_from_dict
 from wmrl_jax.train import stopping
 
@@ -362,9 +362,13 @@ def export_hf(
     (`save_pretrained`) or a directory whose tokenizer files are copied. The
     directory is written next to `out_dir` and renamed into place when complete.
 
+    A policy with LoRA adapters is exported merged: each adapted kernel is written
+    as W + (alpha / r) A B (`models.lora.merge`), so the directory is a plain model
+    of the base's architecture.
+
     Args:
         model_graphdef: the policy's `nnx.GraphDef`, checked against the graph
-            built from `raw_config` (None skips the check).
+            built from `raw_config` (None skips the check; required with adapters).
         params: `nnx.State` or params pure dict (arrays may be sharded).
         raw_config: the `config.json` dictionary (e.g. `Model.raw_config`).
         out_dir: output directory; must not exist unless `overwrite`.
@@ -382,6 +386,10 @@ def export_hf(
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir!r} exists; pass overwrite=True to replace it")
     config = config_from_dict(raw_config)
+    if lora.has_adapters(params):
+        if model_graphdef is None:
+            raise ValueError("exporting LoRA adapters merged needs the policy's model_graphdef")
+        model_graphdef, params = lora.merge(model_graphdef, params)
     pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
     dtype = jax.tree_util.tree_leaves(pure)[0].dtype
     if model_graphdef is not None and model_graphdef != api.abstract_split(config, dtype)[0]:

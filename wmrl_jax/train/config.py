@@ -23,6 +23,7 @@ import ml_collections
 
 from wmrl_jax import agents
 from wmrl_jax.envs import suite
+from wmrl_jax.models import lora
 from wmrl_jax.sandbox.result import MAX_TIMEOUT_S as MAX_EXECUTION_TIMEOUT_S
 from wmrl_jax.train import arms, cost, distributed, world_models
 
@@ -218,6 +219,12 @@ def base_config(agent_kind: str = "recipe") -> ml_collections.ConfigDict:
     # Weight of the world model's next-token loss on executed samples (the agent's
     # `aux_batch`); 0 turns it off. Agents without auxiliary targets need 0.
     config.train.loss.aux_coef = 1.0 if agents.capabilities(agent_kind).aux_loss else 0.0
+    # LoRA (`wmrl_jax.models.lora`): rank 0 trains every weight; rank r >= 1 freezes the
+    # backbone and trains adapters of that rank on the named projections, scale alpha / r.
+    config.train.lora = ml_collections.ConfigDict()
+    config.train.lora.rank = 0
+    config.train.lora.alpha = 32.0
+    config.train.lora.targets = lora.DEFAULT_TARGETS
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.data = 1
@@ -418,9 +425,33 @@ def _validate_gpus(config: ml_collections.ConfigDict) -> None:
         )
 
 
+def lora_settings(config: ml_collections.ConfigDict) -> dict | None:
+    """`config.train.lora` as `models.lora.attach` keywords, or None when off (rank 0)."""
+    c = config.train.get("lora")
+    if c is None or not c.rank:
+        return None
+    return {"rank": int(c.rank), "alpha": float(c.alpha), "targets": tuple(c.targets)}
+
+
+def _validate_lora(config: ml_collections.ConfigDict, caps) -> None:
+    c = config.train.get("lora")
+    if c is None:
+        return
+    try:
+        lora.check(rank=c.rank, alpha=c.alpha, targets=tuple(c.targets))
+    except ValueError as e:
+        raise ConfigError(f"config.train.{e}") from e
+    if c.rank and not caps.lora:
+        raise ConfigError(
+            f"config.train.lora.rank must be 0 for the {config.agent.kind!r} agent (its model "
+            "has no projections to adapt)"
+        )
+
+
 def _validate_agent(config: ml_collections.ConfigDict) -> None:
     kind, sub = config.agent.kind, config.agent[config.agent.kind]
     caps = agents.capabilities(kind)
+    _validate_lora(config, caps)
     if config.train.loss.aux_coef and not caps.aux_loss:
         raise ConfigError(
             f"config.train.loss.aux_coef must be 0 for the {kind!r} agent (it has no auxiliary "

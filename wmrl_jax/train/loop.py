@@ -64,6 +64,7 @@ from wmrl_jax.train import (
     world_models,
 )
 from wmrl_jax.train import mesh as mesh_lib
+from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.config import validate_config
@@ -228,16 +229,18 @@ class Trainer:
     def _maybe_restore(self) -> int:
         if self.checkpointer.latest_step() is None:
             return 0
+        # Under LoRA a checkpoint holds the adapters; the frozen base is the loaded one.
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
             if isinstance(x, jax.Array) else x,
-            self.state,
+            state_lib.checkpoint_view(self.state),
         )  # fmt: skip
         resume.check_resumable(  # Before reading any state.
             self.checkpointer.meta(), self.config, fingerprint=self.fingerprint,
             directory=self.checkpointer.directory,
         )  # fmt: skip
-        self.state, meta = self.checkpointer.restore(abstract_state=abstract)
+        restored, meta = self.checkpointer.restore(abstract_state=abstract)
+        self.state = state_lib.from_checkpoint(self.state, restored)
         self.ledger = Ledger.from_dict(meta["ledger"])
         self.history = list(meta.get("history", []))
         self.step_log = list(meta.get("steps", []))
@@ -260,7 +263,8 @@ class Trainer:
         }
         if self._ahead is not None:  # The next step trains on it: it travels with the state.
             meta["ahead"] = overlap.encode(self._ahead)
-        self.checkpointer.save(step, self.state, meta, metrics=metrics, force=force)
+        view = state_lib.checkpoint_view(self.state)
+        self.checkpointer.save(step, view, meta, metrics=metrics, force=force)
 
     # -- one step, stage by stage --------------------------------------------
     def _step(self, step: int) -> dict[str, float]:

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from wmrl_jax.core import grpo
-from wmrl_jax.models import lm_head, qwen3
+from wmrl_jax.models import lm_head, lora, qwen3
 from wmrl_jax.models.sharding import BATCH
 from wmrl_jax.train import state as state_lib
 
@@ -133,9 +133,10 @@ def _weights(valid, aggregation: str):
     return jnp.ones_like(tokens)
 
 
-def _micro_loss(params, mb, *, graphdef, config, dtype, total_weight, total_aux):
+def _micro_loss(params, mb, *, graphdef, config, dtype, total_weight, total_aux, frozen):
     """One micro-batch's share of the whole-batch loss, and its metrics."""
     c, aux_coef = config.loss, _aux_coef(config)
+    params = params if frozen is None else lora.combine(params, frozen)
     remat = bool(config.get("remat", False))
     logp, entropy = sequence_logprobs(
         graphdef, params, mb["tokens"], mb["attention_mask"], compute_dtype=dtype, remat=remat
@@ -192,18 +193,20 @@ def _add_metrics(sums: dict, loss, metrics: dict, total_tokens) -> dict:
     }
 
 
-def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=None):
+def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=None, frozen=None):
     """Exact whole-batch GRPO loss, float32 gradient and metrics, by micro-batches.
 
     Args:
       graphdef: `nnx.GraphDef` of a Qwen3.
-      params: policy params.
+      params: the params differentiated (all of them, or a model's LoRA adapters).
       batch: the train batch (see the module docstring), B divisible by
         ``config.num_microbatches``.
       config: step config (`wmrl_jax.train.step.default_step_config`).
       ref_logprobs: reference log-probs float32 [B, T]; required when
         ``config.loss.kl_coef`` is non-zero.
       mesh: optional mesh; micro-batches then stay split over ("data", "fsdp").
+      frozen: the rest of the model when ``params`` are its adapters
+        (`models.lora.partition`); no gradient is taken with respect to it.
 
     Returns:
       ``(loss, grads, metrics)``: float32 scalar, float32 grads with the
@@ -225,6 +228,7 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
         dtype=COMPUTE_DTYPES.get(config.get("compute_dtype")),
         total_weight=jnp.maximum(jnp.sum(_weights(valid, c.aggregation)), 1.0),
         total_aux=jnp.maximum(jnp.sum(data["aux_mask"]), 1.0) if aux_coef else None,
+        frozen=frozen,
     )
 
     def body(carry, mb):

@@ -18,6 +18,12 @@ the (data, fsdp, tensor) mesh it counts
   plus the activations of the rows of one micro-batch on one device
   (`models.memory.train_bytes_per_row`, with per-layer remat if the config asks).
 
+With LoRA (`train.lora.rank` >= 1) the base params are frozen: they are counted
+once, with no optimizer moments, no gradients and no reference copy (the base is
+the reference); the adapters (sharded by their rules, `models.lora`) carry the
+moments and the gradients, and each sequence keeps its [tokens, r] adapter
+inputs (`lora.adapter_activation_bytes`).
+
 A plan that does not fit lists each problem with the knob that fixes it, worked
 out by searching the config's own fields (lengths, micro-batches, mesh).
 
@@ -35,6 +41,7 @@ import os
 from collections.abc import Mapping
 
 from wmrl_jax import agents
+from wmrl_jax.models import lora
 from wmrl_jax.models import memory as model_memory
 
 GIB = 2**30
@@ -97,6 +104,8 @@ class Workload:
         unsharded_load: the agent loads its params onto the first device before
             they are sharded, and that copy stays alive (`make_agent` before it
             loaded onto the mesh).
+        lora_rank, lora_targets: LoRA adapters (`train.lora`); rank 0: none, every
+            param trains.
     """
 
     param_dtype: str
@@ -115,6 +124,8 @@ class Workload:
     remat: bool = False
     unsharded_load: bool = False
     agent_kind: str = "text"  # Whose length knobs a problem names (config.agent.<kind>.).
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
 
     @property
     def wm_prompt(self) -> int:
@@ -144,6 +155,11 @@ def workload_from_config(config, **fields) -> Workload:
         remat=bool(config.train.get("remat", False)),
         agent_kind=config.agent.kind,
     )
+    adapters = config.train.get("lora")
+    if adapters is not None and adapters.rank:
+        workload = dataclasses.replace(
+            workload, lora_rank=int(adapters.rank), lora_targets=tuple(adapters.targets)
+        )
     return dataclasses.replace(workload, **fields)
 
 
@@ -236,15 +252,23 @@ class MemoryPlan:
         return "\n".join(lines + verdict)
 
 
+def _trained_per_device(config, w: Workload, mesh: Mapping[str, int]) -> int:
+    """Elements per device that get gradients and moments: the adapters, else all params."""
+    if w.lora_rank:
+        return lora.adapter_elements(config, rank=w.lora_rank, targets=w.lora_targets, mesh=mesh)[1]
+    return model_memory.param_elements_per_device(config, mesh)
+
+
 def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
     pb = DTYPE_BYTES[w.param_dtype]
     shard = model_memory.param_elements_per_device(config, mesh)
     full = model_memory.param_count(config)
-    out = {
-        "params": shard * pb,
-        "optimizer (AdamW mu, nu)": shard * (DTYPE_BYTES[w.mu_dtype] + pb),
-    }
-    if w.reference:
+    trained = _trained_per_device(config, w, mesh)
+    out = {"params (frozen base)" if w.lora_rank else "params": shard * pb}
+    if w.lora_rank:
+        out[f"LoRA adapters (rank {w.lora_rank})"] = trained * pb
+    out["optimizer (AdamW mu, nu)"] = trained * (DTYPE_BYTES[w.mu_dtype] + pb)
+    if w.reference and not w.lora_rank:  # under LoRA the frozen base is the reference
         out["reference params (KL)"] = shard * pb
     if w.frozen_wm:  # a copy of the loaded params, sharded as they are
         out["frozen WM params"] = (full if w.unsharded_load else shard) * pb
@@ -285,7 +309,7 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
     mesh = {a: int(mesh.get(a, 1)) for a in AXES}
     pb, cb, t = DTYPE_BYTES[w.param_dtype], DTYPE_BYTES[w.compute_dtype], mesh["tensor"]
     resident = _resident(config, w, mesh)
-    grads = model_memory.param_elements_per_device(config, mesh) * (4 + cb)
+    grads = _trained_per_device(config, w, mesh) * (4 + cb)
 
     def sequence(prompt: int, new: int) -> int:
         slots = prompt + new
@@ -298,6 +322,16 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         sequence(w.wm_prompt, w.wm_new_tokens),
     )
     free = device.usable - sum(resident.values())
+
+    def train_row(remat: bool) -> int:
+        row = model_memory.train_bytes_per_row(config, tokens, cb, t, remat)
+        if w.lora_rank:
+            row += lora.adapter_activation_bytes(
+                config, rank=w.lora_rank, targets=w.lora_targets, tokens=tokens,
+                dtype_bytes=cb, remat=remat,
+            )  # fmt: skip
+        return row
+
     return MemoryPlan(
         mesh=mesh,
         device=device,
@@ -307,9 +341,9 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         grads=grads,
         gen_row=gen_row,
         wm_row=wm_row,
-        train_row=model_memory.train_bytes_per_row(config, tokens, cb, t, w.remat),
-        train_row_remat=model_memory.train_bytes_per_row(config, tokens, cb, t, True),
-        train_row_plain=model_memory.train_bytes_per_row(config, tokens, cb, t, False),
+        train_row=train_row(w.remat),
+        train_row_remat=train_row(True),
+        train_row_plain=train_row(False),
         train_rows=-(-w.rollout_rows // (w.microbatches * mesh["data"] * mesh["fsdp"])),
         gen_rows=_rows(free, gen_row),
         wm_rows=_rows(free, wm_row),

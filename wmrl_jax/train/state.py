@@ -11,6 +11,14 @@ through untouched.
     state = init_train_state(model.params, optimizer, kl_coef=0.04, extra={"rng": key})
     state = shard_state(state, mesh)        # params by the model's partition rules
 
+With LoRA adapters in the params (`wmrl_jax.models.lora.attach`), the model's
+weights are frozen and only the adapters train: ``params`` still holds the whole
+model (the base once, plus the adapters, so the sampler reads it as it is), the
+optimizer state covers the adapters alone (`trainable`), the train step
+differentiates with respect to them only, there is no ``ref_params`` copy (the
+reference is the base, `lora.base_only`), and a checkpoint holds the adapters
+alone (`checkpoint_view`, `from_checkpoint`).
+
 The optimizer is AdamW with decoupled weight decay (matrices only), a learning
 rate schedule (linear warm-up, then cosine or linear decay to ``lr * end_lr_ratio``)
 and global-norm gradient clipping, in that order: clip, then Adam.
@@ -29,7 +37,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from wmrl_jax.models import sharding
+from wmrl_jax.models import lora, sharding
 
 DECAY_MODES = ("cosine", "linear")
 
@@ -41,10 +49,12 @@ class TrainState(struct.PyTreeNode):
       step: int32 scalar, the number of `train_step` calls so far (an optimizer
         update happens once per policy epoch, so the optimizer's own count is
         ``step * num_epochs``).
-      params: policy params (an ``nnx.State`` or its pure dict).
-      opt_state: optax state of the optimizer.
+      params: policy params (an ``nnx.State`` or its pure dict); with LoRA, the
+        frozen base and the adapters.
+      opt_state: optax state of the optimizer, over `trainable(params)`.
       ref_params: frozen reference params with the structure of ``params``, or
-        None when the KL weight is 0.
+        None when the KL weight is 0 or the params hold adapters (the reference
+        is then the base itself).
       extra: any pytree the loop carries (correction state, ledger, rng);
         passed through the train step untouched.
     """
@@ -182,14 +192,45 @@ def current_lr(opt_state) -> jax.Array | None:
     return None
 
 
+def split_trainable(params):
+    """(what is trained, the frozen rest or None): (adapters, base) under LoRA."""
+    if lora.has_adapters(params):
+        return lora.partition(params)
+    return params, None
+
+
+def trainable(params):
+    """What the optimizer updates: the adapters of an adapted model, else all of ``params``."""
+    return split_trainable(params)[0]
+
+
+def reference(state: TrainState):
+    """The KL reference's params: ``ref_params``, or the base without adapters under LoRA."""
+    if state.ref_params is None and lora.has_adapters(state.params):
+        return lora.base_only(state.params)
+    return state.ref_params
+
+
+def checkpoint_view(state: TrainState) -> TrainState:
+    """What a checkpoint holds: ``state`` with the params cut to `trainable` (adapters)."""
+    return state.replace(params=trainable(state.params))
+
+
+def from_checkpoint(state: TrainState, restored: TrainState) -> TrainState:
+    """``restored`` (a `checkpoint_view`) with ``state``'s frozen base put back under it."""
+    if not lora.has_adapters(state.params):
+        return restored
+    return restored.replace(params=lora.combine(restored.params, lora.partition(state.params)[1]))
+
+
 def init_train_state(params, optimizer, *, kl_coef: float, extra=None) -> TrainState:
     """A fresh state at step 0.
 
     Args:
-      params: policy params pytree.
+      params: policy params pytree (with LoRA adapters: only they are trained).
       optimizer: the optax transformation the train step will use.
       kl_coef: the KL weight; the reference params are a copy of ``params``
-        when it is non-zero and None otherwise.
+        when it is non-zero (and the params hold no adapters) and None otherwise.
       extra: pytree the loop carries along (passed through the train step).
 
     Returns:
@@ -198,11 +239,12 @@ def init_train_state(params, optimizer, *, kl_coef: float, extra=None) -> TrainS
     """
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}.")
-    ref = None if kl_coef == 0 else jax.tree_util.tree_map(jnp.copy, params)
+    copy = kl_coef != 0 and not lora.has_adapters(params)
+    ref = jax.tree_util.tree_map(jnp.copy, params) if copy else None
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        opt_state=optimizer.init(params),
+        opt_state=optimizer.init(trainable(params)),
         ref_params=ref,
         extra=extra,
     )

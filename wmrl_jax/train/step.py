@@ -35,6 +35,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from wmrl_jax.core import grpo
+from wmrl_jax.models import lora
 from wmrl_jax.models.sharding import BATCH
 from wmrl_jax.train import loss as loss_lib
 from wmrl_jax.train import state as state_lib
@@ -168,7 +169,7 @@ class TrainStep:
         return out
 
     def _check_state(self, state) -> None:
-        if self.config.loss.kl_coef != 0 and state.ref_params is None:
+        if self.config.loss.kl_coef != 0 and state_lib.reference(state) is None:
             raise ValueError("loss.kl_coef != 0 but the state has no ref_params.")
 
     def _ref_logprobs(self, ref_params, batch):
@@ -196,8 +197,11 @@ class TrainStep:
         del key  # the loss is deterministic; the key is kept for stochastic extensions
         self.trace_count += 1
         kl_on = self.config.loss.kl_coef != 0
-        ref_logp = self._ref_logprobs(state.ref_params, batch) if kl_on else None
-        param_shardings = state_lib.tree_shardings(state.params, self.mesh)
+        ref_logp = self._ref_logprobs(state_lib.reference(state), batch) if kl_on else None
+        # Under LoRA only the adapters are differentiated and updated; the frozen base
+        # stays out of the loop's carry and comes back unchanged.
+        trainable, frozen = state_lib.split_trainable(state.params)
+        param_shardings = state_lib.tree_shardings(trainable, self.mesh)
 
         def epoch(carry, _):
             params, opt_state = carry
@@ -208,6 +212,7 @@ class TrainStep:
                 config=self.config,
                 ref_logprobs=ref_logp,
                 mesh=self.mesh,
+                frozen=frozen,
             )
             metrics["grad_norm"] = optax.tree.norm(grads)
             grads = jax.tree_util.tree_map(lambda g, p: g.astype(p.dtype), grads, params)
@@ -220,8 +225,9 @@ class TrainStep:
 
         epochs = self.config.num_epochs
         (params, opt_state), per_epoch = jax.lax.scan(
-            epoch, (state.params, state.opt_state), None, length=epochs
+            epoch, (trainable, state.opt_state), None, length=epochs
         )
+        params = params if frozen is None else lora.combine(params, frozen)
         metrics = {k: v[0] for k, v in per_epoch.items()}
         for e in range(1, epochs):
             metrics |= {f"epoch{e + 1}/{k}": v[e] for k, v in per_epoch.items() if k != "tokens"}
@@ -316,7 +322,11 @@ class TrainStep:
         return self._jit(state).lower(state, batch, key)
 
     def loss_and_grads(self, state: state_lib.TrainState, batch):
-        """First-epoch ``(loss, grads, metrics)`` at ``state`` (not donated, no update)."""
+        """First-epoch ``(loss, grads, metrics)`` at ``state`` (not donated, no update).
+
+        The grads have the structure of `state.trainable(state.params)`: the adapters
+        alone under LoRA.
+        """
         self._check_state(state)
         batch = self.shard_batch(batch)
         if self._grads_fn is None:
@@ -324,17 +334,19 @@ class TrainStep:
 
             def fn(state, batch):
                 kl_on = self.config.loss.kl_coef != 0
-                ref = self._ref_logprobs(state.ref_params, batch) if kl_on else None
+                ref = self._ref_logprobs(state_lib.reference(state), batch) if kl_on else None
+                trainable, frozen = state_lib.split_trainable(state.params)
                 return loss_lib.loss_and_grads(
                     self.graphdef,
-                    state.params,
+                    trainable,
                     batch,
                     config=self.config,
                     ref_logprobs=ref,
                     mesh=self.mesh,
+                    frozen=frozen,
                 )
 
-            grads_out = state_lib.tree_shardings(state.params, self.mesh)
+            grads_out = state_lib.tree_shardings(state_lib.trainable(state.params), self.mesh)
             self._grads_fn = jax.jit(
                 fn,
                 in_shardings=(shardings, self.batch_shardings),

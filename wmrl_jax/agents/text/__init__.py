@@ -19,7 +19,7 @@ import ml_collections
 
 from wmrl_jax.agents.base import AgentContext, Built, Capabilities
 
-CAPABILITIES = Capabilities(aux_loss=False, replayable=False, memory_plan=True)
+CAPABILITIES = Capabilities(aux_loss=False, replayable=False, memory_plan=True, lora=True)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -121,9 +121,15 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
     model = api.from_pretrained(
         os.path.expanduser(config.checkpoint), dtype=config.dtype, mesh=context.mesh
     )
+    graphdef, params = model.graphdef, model.params
+    if context.lora:  # The policy (and the world model) are the frozen base plus adapters.
+        from wmrl_jax.models import lora
+
+        key = jax.random.fold_in(context.key, 1)
+        graphdef, params = lora.attach(graphdef, params, key=key, mesh=context.mesh, **context.lora)
     sizes = dict(context.batch_sizes or {})
     agent = TextAgent(
-        model.graphdef,
+        graphdef,
         model.tokenizer,
         max_prompt_tokens=config.max_prompt_tokens,
         max_new_tokens=config.max_new_tokens,
@@ -142,4 +148,4 @@ def make_agent(config: ml_collections.ConfigDict, context: AgentContext) -> Buil
         tool_max_tokens=config.tool_max_tokens,
         tools=tools,
     )
-    return Built(agent, model.params, model.graphdef, model.raw_config, {})
+    return Built(agent, params, graphdef, model.raw_config, {})
