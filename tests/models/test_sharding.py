@@ -1,34 +1,17 @@
 """Sharding rules on 8 forced CPU devices, in a separate process."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests.multidevice import assert_ran, run_on_host_devices
 from wmrl_jax.models import sharding
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("fixture", ["qwen3_gqa4_yarn", "qwen3_gqa1_tied", "qwen3_5_text_untied"])
 def test_sharded_load_and_forward_match_unsharded(fixture):
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.models.sharded_check", fixture],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "SHARDED OK" in proc.stdout
+    proc = run_on_host_devices("tests.models.sharded_check", fixture, timeout=300)
+    assert_ran(proc, "SHARDED OK")
 
 
 def test_param_specs_by_hand():

@@ -1,16 +1,13 @@
 """The train step with LoRA adapters: gradients and optimizer state for the adapters
 alone, the base untouched, the base as the KL reference, adapters-only checkpoints."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from tests.multidevice import assert_ran, run_on_host_devices
 from tests.train.sharded_step_check import make_batch
 from tests.train.tiny_step import opt_config, step_config
 from wmrl_jax.models import lora
@@ -19,7 +16,6 @@ from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK, ALPHA = 4, 8.0
 
 
@@ -162,20 +158,8 @@ def adapter_paths(params) -> set:
 
 
 def test_sharded_lora_step_matches_single_device():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.train.sharded_lora_check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "SHARDED LORA STEP OK" in proc.stdout
+    proc = run_on_host_devices("tests.train.sharded_lora_check", timeout=600)
+    assert_ran(proc, "SHARDED LORA STEP OK")
 
 
 @pytest.mark.parametrize(

@@ -1,23 +1,18 @@
 """Train state, optimizer and the GRPO train step on a tiny random Qwen3 (the loss it
 minimises: test_loss.py)."""
 
-import os
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.multidevice import assert_ran, run_on_host_devices
 from tests.train.sharded_step_check import make_batch
 from tests.train.tiny_step import build, opt_config, step_config
 from wmrl_jax.models import qwen3
 from wmrl_jax.train import loss as loss_lib
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_schedule_by_hand():
@@ -151,20 +146,8 @@ def test_bad_optimizer_configs(overrides, match):
 
 
 def test_sharded_step_matches_single_device():
-    env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.train.sharded_step_check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "SHARDED STEP OK" in proc.stdout
+    proc = run_on_host_devices("tests.train.sharded_step_check", timeout=600)
+    assert_ran(proc, "SHARDED STEP OK")
 
 
 def test_benchmark_tiny_preset(tmp_path):
