@@ -31,6 +31,10 @@ def test_the_verdict_is_a_paired_rise_beyond_two_standard_errors():
     text = main_job.headline({"runs": _runs([(0.386, 0.502), (0.437, 0.492), (0.407, 0.316)]),
                               "analysis": mixed})  # fmt: skip
     assert "does not show a held-out gain" in text and "0.400" in text and "0.500" in text
+    # A fall beyond two standard errors is said as a fall.
+    down = _runs([(0.48, 0.26), (0.45, 0.30), (0.50, 0.28)])
+    fell = main_job.headline({"runs": down, "analysis": main_job.analyse(down)})
+    assert "**lowers**" in fell and "hurts them" in fell
     # One seed: no verdict.
     assert not main_job.analyse(_runs([(0.3, 0.9)]))["improves_heldout"]
 

@@ -150,9 +150,13 @@ def headline(results: dict) -> str:
     runs = results["runs"].values()
     fed = (np.mean([r["fed_reward_first5"] for r in runs]),
            np.mean([r["fed_reward_last5"] for r in runs]))  # fmt: skip
-    return (
-        f"Over {rise['n']} seeds the main job changes the held-out expected percentile by "
-        f"{span}: not more than two standard errors, so it does not show a held-out gain. "
-        f"What it shows is training on its train tasks: the fed reward goes from "
-        f"{fed[0]:.3f} (first 5 steps) to {fed[1]:.3f} (last 5), mean over seeds."
-    )
+    trained = (f"Its fed training reward goes from {fed[0]:.3f} (first 5 steps) to "
+               f"{fed[1]:.3f} (last 5), mean over seeds.")  # fmt: skip
+    if math.isfinite(rise["se"]) and rise["mean"] < -2 * rise["se"]:
+        return (f"Over {rise['n']} seeds the main job **lowers** the held-out expected "
+                f"percentile, by {span}: more than two standard errors. Training on its "
+                f"train tasks does not transfer to the held-out tasks here; it hurts them. "
+                f"{trained}")  # fmt: skip
+    return (f"Over {rise['n']} seeds the main job changes the held-out expected percentile by "
+            f"{span}: within two standard errors of no change, so it does not show a held-out "
+            f"gain. {trained}")  # fmt: skip
