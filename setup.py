@@ -35,6 +35,7 @@ setuptools.setup(
         "numpy>=1.26",
         "ml_dtypes>=0.4",
         "scikit-learn>=1.4",  # the built-in task suite and its reference solutions
+        "scipy>=1.12",  # the studies' intervals (t quantiles), the boards' statistics
         "ml_collections>=1.0",
         "absl-py>=2.1",
         "transformers>=5.24",  # qwen3_5 (Qwen3.5) support
