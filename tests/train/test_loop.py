@@ -222,9 +222,11 @@ def test_equal_compute_budget_stops_and_evaluates_on_the_compute_grid(tmp_path):
 
 def test_replicate_pairs_estimate_the_real_noise(tmp_path):
     # Every group executed, with the cache: a program sampled again gets its next
-    # replicate (charged) until all three are known, then answers from the cache.
+    # replicate (charged) until all three are known, then answers from the cache. Groups
+    # of 16 so that the warm-started policy draws some program twice (with groups of 4 and
+    # the task observations' longer prompt, no program recurred in 4 steps).
     config = _config(arm="wmrl", num_steps=4, eval_every=4, anchor_fraction=1.0,
-                     **{"executor.cache": True})  # fmt: skip
+                     group_size=16, **{"executor.cache": True})  # fmt: skip
     summary = loop.train_and_evaluate(config, str(tmp_path))
     steps, ledger = summary["steps"], summary["ledger"]
     rows = 4 * config.tasks_per_step * config.group_size
@@ -319,7 +321,8 @@ def test_evaluation_infra_errors_are_masked_and_never_rank_best(tmp_path):
     first, down, up = summary["history"]
     heldout = len(trainer.tasks.heldout)
     assert math.isnan(down["eval/heldout_percentile"])  # not 0.000
-    assert down["eval/infra_errors"] == heldout and up["eval/infra_errors"] == 0
+    executions = heldout * max(config.eval_samples, 1)  # Programs per held-out task.
+    assert down["eval/infra_errors"] == executions and up["eval/infra_errors"] == 0
     assert np.isfinite(up["eval/heldout_percentile"])
     # Retention never saw a 0 for step 1: it has no metric, step 2 has its real one.
     assert not (trainer.checkpointer.metrics(1) or {}).get("eval/heldout_percentile")
