@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run study study-realsweep study-paired controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
+.PHONY: install run study study-realsweep study-paired regime controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ study-realsweep: $(STAMP)
 
 study-paired: $(STAMP)
 	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:paired --workdir=outputs/study_compute_paired --config.study.best_real=$(BEST_REAL)
+
+# The regime map (world-model quality x execution cost x model size) against the real
+# sweep's pick (run study-realsweep first): `wmrl`, then `wmrl_ppi` added with --extend.
+regime: $(STAMP)
+	$(PY) -m experiments.regime --config=experiments/configs/regime.py --workdir=outputs/regime
+	$(PY) -m experiments.regime --config=experiments/configs/regime.py:ppi --workdir=outputs/regime --extend --readme=README.md --docs=docs/regime.md
 
 main-seeds: $(STAMP)
 	$(PY) -m experiments.main_job --config=experiments/configs/main_job.py --workdir=outputs/main_job --readme=README.md --docs=docs/main_job.md

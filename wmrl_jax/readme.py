@@ -23,9 +23,10 @@ PAGES = {
     "embodied": "embodied.md",
     "board-checks": "tasks.md",
     "main-job": "main_job.md",
+    "regime": "regime.md",
 }
 # The sections that also write a headline into the README.
-HEADLINES = ("main-job", "study", "controlled", "embodied")
+HEADLINES = ("main-job", "study", "controlled", "embodied", "regime")
 
 
 def headline_marker(name: str) -> str:

@@ -45,7 +45,7 @@ BEYOND = {
 # as long as every earlier run keeps its label and its overrides.
 _EXTENDABLE = (
     "arms", "workers", "variants", "rho_sweep", "warm_sweep", "warm_sweep_arms",
-    "real_sweep_groups", "real_sweep_lr", "best_real",
+    "real_sweep_groups", "real_sweep_lr", "best_real", "regime_arms",
 )  # fmt: skip
 
 

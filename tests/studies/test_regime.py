@@ -1,0 +1,149 @@
+"""The regime map's analysis against hand-computed compute-to-target ratios."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from experiments.configs import regime as regime_config
+from wmrl_jax.studies import regime, regime_report
+from wmrl_jax.studies.runs import study_runs
+from wmrl_jax.train.cost import CostModel
+
+# One FLOP per second, N = 1: a forward token costs 2 s, so the token seconds are easy.
+MODEL = CostModel(params=1.0, peak_flops=1.0, mfu=1.0)
+
+
+def _run(curve, execs_per_step, wm_tokens_per_step=0.0, q=None):
+    """One seed's summary: the exact held-out curve (start, then one value per step)."""
+    steps = []
+    for i, y in enumerate(curve[1:], start=1):
+        s = {
+            "exact/heldout_percentile": y,
+            "exact/train_reward": y,
+            "ledger/executions": execs_per_step * i,
+            "ledger/exec_seconds": 1.5 * execs_per_step * i,
+            "ledger/wm_tokens": wm_tokens_per_step * i,
+        }
+        if q is not None:
+            s["oracle/wm_oos_group_rank_corr"] = q
+        steps.append(s)
+    start = {"exact/heldout_percentile": curve[0], "exact/train_reward": curve[0]}
+    return {"steps": steps, "exact_start": start}
+
+
+def _results():
+    rise = lambda k, n: [round(0.3 + 0.3 * min(i, k) / k, 6) for i in range(n + 1)]  # noqa: E731
+    return {
+        # Reaches its own final level (0.6) at step 3: 30 executions.
+        "real_best": [_run(rise(3, 4), 10)],
+        "anchors_only": [_run(rise(6, 10), 1)],  # step 6: 6 executions
+        "wmrl": [_run(rise(8, 10), 1, 5.0, q=0.3)],  # learned WM: step 8
+        "wmrl_q0": [_run([0.3] * 11, 1, 5.0, q=0.0)],  # never
+        "wmrl_q0.8": [_run(rise(4, 10), 1, 5.0, q=0.8)],  # step 4
+    }
+
+
+def _row(a, label, cost, n=1.0):
+    (row,) = [r for r in a["rows"] if r["label"] == label and r["cost"] == cost
+              and r["params"] == n]  # fmt: skip
+    return row
+
+
+def test_ratios_are_compute_to_target_under_each_cost():
+    axes = regime.Axes(model=MODEL, costs=(None, 10.0), params=(1.0, 2.0))
+    a = regime.analyse(_results(), arms=("wmrl",), axes=axes, smooth=1)
+    assert a["target_final"] == pytest.approx(0.6)
+    # Recorded seconds (1.5 per execution); WM arms pay 2·N·5 token seconds per step.
+    r = _row(a, "wmrl_q0.8", None)["ratio_vs_best_real"]
+    assert r["median"] == pytest.approx(45.0 / (6.0 + 40.0)) and r["reached"] == 1
+    r = _row(a, "wmrl_q0.8", 10.0)["ratio_vs_best_real"]
+    assert r["median"] == pytest.approx(300.0 / (40.0 + 40.0))
+    r = _row(a, "wmrl_q0.8", 10.0, n=2.0)["ratio_vs_best_real"]
+    assert r["median"] == pytest.approx(300.0 / (40.0 + 80.0))
+    r = _row(a, "wmrl", 10.0)["ratio_vs_anchors_only"]
+    assert r["median"] == pytest.approx(60.0 / (80.0 + 80.0))
+    assert a["anchors_only_vs_best_real"]["10s|N1"]["median"] == pytest.approx(300.0 / 60.0)
+    # A run that never reaches the target shows no saving: ratio 0, counted as never.
+    never = _row(a, "wmrl_q0", 10.0)["ratio_vs_best_real"]
+    assert never["median"] == 0.0 and never["run_never"] == 1 and never["reached"] == 0
+    assert _row(a, "wmrl", None)["learned"] and _row(a, "wmrl", None)["q_realised"] == 0.3
+
+
+def test_break_even_interpolates_the_median_ratio_over_realised_q():
+    axes = regime.Axes(model=MODEL, costs=(None, 10.0), params=(1.0,))
+    a = regime.analyse(_results(), arms=("wmrl",), axes=axes, smooth=1)
+    be = {x["cost"]: x["q_break_even"] for x in a["break_even"]}
+    # At 10 s: ratio 0 at q = 0 and 3.75 at q = 0.8, so 1 is crossed at 0.8 / 3.75.
+    assert be[10.0] == pytest.approx(0.8 / 3.75)
+    assert be[None] is None  # 45 / 46 < 1: no cell beats real_best at the recorded cost.
+    assert regime.break_even([0.1, 0.5], [1.2, 2.0]) == pytest.approx(0.1)
+    assert regime.break_even([], []) is None
+
+
+def test_paired_difference_to_anchors_only_and_target_flatness():
+    results = _results()
+    results = {k: v * 3 for k, v in results.items()}  # three identical seeds
+    axes = regime.Axes(model=MODEL, costs=(None,), params=(1.0,))
+    a = regime.analyse(results, arms=("wmrl",), axes=axes, smooth=1)
+    d = _row(a, "wmrl_q0", None)["vs_anchors_only"]
+    assert d["mean"] == pytest.approx(-0.3) and d["n"] == 3
+    assert a["target_flatness"]["rise_last_quarter"]["mean"] == pytest.approx(0.0)
+
+
+def test_missing_target_or_control_is_refused():
+    axes = regime.Axes(model=MODEL, costs=(None,), params=(1.0,))
+    results = _results()
+    del results["real_best"]
+    with pytest.raises(ValueError, match="real_best"):
+        regime.analyse(results, arms=("wmrl",), axes=axes)
+
+
+def test_labels_name_their_cells():
+    assert regime.parse_label("wmrl_ppi_q0.4", ("wmrl", "wmrl_ppi")) == ("wmrl_ppi", 0.4)
+    assert regime.parse_label("wmrl", ("wmrl", "wmrl_ppi")) == ("wmrl", None)
+    assert regime.parse_label("anchors_only", ("wmrl",)) is None
+
+
+def test_config_lists_every_cell_and_needs_the_best_real_cell(tmp_path):
+    config = regime_config.get_config("ppi")
+    labels = [label for label, _ in study_runs(regime_report.resolve_best_real(
+        _with_pick(config, tmp_path, "real_g2_lr0.003")))]  # fmt: skip
+    assert labels[:3] == ["anchors_only", "wmrl", "wmrl_ppi"] and "real_best" in labels
+    assert {f"wmrl_q{q:g}" for q in regime_config.Q} <= set(labels)
+    assert {f"wmrl_ppi_q{q:g}" for q in regime_config.Q} <= set(labels)
+    with pytest.raises(ValueError, match="make study-realsweep"):
+        regime_report.resolve_best_real(_with_pick(config, tmp_path, ""))
+    with pytest.raises(ValueError, match="unknown config variant"):
+        regime_config.get_config("nope")
+
+
+def _with_pick(config, tmp_path, pick):
+    from wmrl_jax.train.config import override
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"best_real": pick}))
+    return override(config, **{"study.best_real_from": str(path)})
+
+
+def test_render_writes_tables_figure_and_headline(tmp_path):
+    config = regime_config.get_config("runlocal").to_dict()
+    config["study"]["regime_costs"], config["study"]["regime_params"] = (0.0, 10.0), (1.0,)
+    axes = regime.Axes(model=MODEL, costs=(None, 10.0), params=(1.0,))
+    a = regime.analyse(_results(), arms=("wmrl",), axes=axes, smooth=1)
+    (tmp_path / "out").mkdir()
+    payload = {"config": config, "wall_seconds": 60.0, "runs": {}, "analysis": a}
+    (tmp_path / "out" / "results.json").write_text(json.dumps(payload))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "<!-- regime-headline:begin -->\n<!-- regime-headline:end -->"
+    )
+    (tmp_path / "docs" / "regime.md").write_text("<!-- regime:begin -->\n<!-- regime:end -->")
+    regime_report.render(str(tmp_path / "out"), str(tmp_path / "README.md"))
+    head = (tmp_path / "README.md").read_text()
+    assert "q ≥ 0.21" in head and "recorded s: never" in head
+    assert "learned world model realises q = 0.30" in head
+    page = (tmp_path / "docs" / "regime.md").read_text()
+    assert "| wmrl_q0.8 | 0.8 | 0.80 |" in page and (tmp_path / "docs" / "regime.png").exists()
+    assert not math.isnan(np.float64(a["control_final"]))

@@ -1,0 +1,278 @@
+"""The regime map's command: run (or extend) its runs, analyse them, render the map.
+
+`run_and_report` resolves the best real cell (`study.best_real`, else the pick
+`make study-realsweep` wrote), runs every (seed, run) of the map with the
+compute study's runner (`wmrl_jax.studies.compute.run_study`), writes
+``results.json`` (the config, every run's steps, the analysis of
+`wmrl_jax.studies.regime`), ``table.md`` and ``regime.png``, and with a README or
+a docs page rewrites the `regime` section of ``docs/regime.md`` and the README's
+``regime-headline``. ``extend`` runs only the runs ``results.json`` lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from wmrl_jax.readme import report_paths, write_report
+from wmrl_jax.studies import compute as study
+from wmrl_jax.studies import regime
+from wmrl_jax.studies.compute_report import earlier_runs
+from wmrl_jax.train import cost
+from wmrl_jax.train.config import override
+from wmrl_jax.train.summary import write_json
+
+SECTION = "regime"  # <!-- regime:begin --> in docs/regime.md, regime-headline in the README.
+
+
+def resolve_best_real(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with `study.best_real` set: as given, else the pick in `study.best_real_from`.
+
+    Raises:
+      ValueError: neither is there, naming the command that makes the pick.
+    """
+    if config.study.best_real:
+        return config
+    path = config.study.best_real_from
+    try:
+        with open(path) as f:
+            pick = json.load(f).get("best_real", "")
+    except FileNotFoundError:
+        pick = ""
+    if not pick:
+        raise ValueError(
+            f"the regime map needs the best real cell: run `make study-realsweep` (it writes "
+            f"its pick to {path}) or pass --config.study.best_real=real_g<groups>_lr<lr>"
+        )
+    logging.info("best real cell %s (from %s)", pick, path)
+    return override(config, **{"study.best_real": pick})
+
+
+def axes(config) -> regime.Axes:
+    """The map's cost axes from the config (a cost of 0: the recorded seconds)."""
+    model = cost.from_config(ml_collections.ConfigDict(config))
+    if model is None:
+        raise ValueError("the regime map needs config.cost_model (params > 0)")
+    s = config["study"]
+    return regime.Axes(
+        model=model,
+        costs=tuple(float(c) if c else None for c in s["regime_costs"]),
+        params=tuple(float(n) for n in s["regime_params"]),
+    )
+
+
+def analyse(runs: dict, config) -> dict:
+    """`regime.analyse` of the runs with the config's arms, axes and margins."""
+    s = config["study"]
+    return regime.analyse(
+        runs, arms=tuple(s["regime_arms"]), axes=axes(config), smooth=s["exact_smooth"],
+        margin=s["margin"],
+    )  # fmt: skip
+
+
+def run_and_report(
+    config, workdir: str, readme: str | None = None, docs: str | None = None, extend: bool = False
+) -> dict:
+    """Runs (or extends) the map, writes `results.json`, renders; returns the analysis."""
+    report_paths(SECTION, readme, docs)  # Missing pages fail now, not after the runs.
+    config = resolve_best_real(config)
+    start = time.perf_counter()
+    runs, earlier_wall = earlier_runs(config, workdir) if extend else ({}, 0.0)
+    results = study.run_study(config, workdir, log=logging.info, skip=runs)
+    runs.update({k: [{key: s[key] for key in ("steps", "exact_start") if key in s} for s in v]
+                 for k, v in results.items()})  # fmt: skip
+    runs = {label: runs[label] for label, _ in study.study_runs(config)}
+    payload = {
+        "config": config.to_dict(),
+        "wall_seconds": earlier_wall + time.perf_counter() - start,
+        "runs": runs,
+        "analysis": analyse(runs, config),
+    }
+    os.makedirs(workdir, exist_ok=True)
+    write_json(os.path.join(workdir, "results.json"), payload)
+    render(workdir, readme, docs)
+    return payload["analysis"]
+
+
+def render(workdir: str, readme: str | None = None, docs: str | None = None) -> None:
+    """The table, the figure (and the docs section, the README headline) from
+    `workdir/results.json`."""
+    readme, docs = report_paths(SECTION, readme, docs)
+    with open(os.path.join(workdir, "results.json")) as f:
+        payload = json.load(f)
+    a, config = payload["analysis"], payload["config"]
+    png = os.path.join(workdir, "regime.png")
+    plot(a, png)
+    table = tables(a)
+    with open(os.path.join(workdir, "table.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    if docs is None:
+        return
+    shutil.copy(png, os.path.dirname(os.path.abspath(docs)))
+    s = config["study"]
+    intro = (
+        f"`python -m experiments.regime` ({s['num_seeds']} seeds; every run stops at "
+        f"{config['num_steps']} updates; the target is `real_best` = `{s['best_real']}`, "
+        f"the real sweep's pick on other seeds; {payload['wall_seconds'] / 60:.0f} min "
+        "on this CPU)."
+    )
+    lines = headline(a)
+    body = [intro, "", " ".join(lines), "", table, "", "![regime map](regime.png)"]
+    write_report(SECTION, "\n".join(body), " ".join(lines), readme=readme, docs=docs)
+
+
+def _cost_name(c) -> str:
+    return "recorded s" if c is None else f"{c:g} s"
+
+
+def _ratio_cell(r: dict) -> str:
+    if r["median"] is None:
+        return "—"
+    bound = f", {r['run_never']} never" if r["run_never"] else ""
+    return (f"{r['median']:.2f}× [{r['lo']:.2f}, {r['hi']:.2f}] "
+            f"({r['reached']}/{r['seeds']}{bound})")  # fmt: skip
+
+
+def _q_cell(q) -> str:
+    return "—" if q is None else f"{q:.2f}"
+
+
+def _diff_cell(d: dict) -> str:
+    if d["lo"] is None:
+        return "—" if d["mean"] is None else f"{d['mean']:+.3f} (n = {d['n']})"
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] {d['verdict']}"
+
+
+def _cells(a: dict, n: float) -> dict[str, dict]:
+    """`{label: {cost: row}}` of the rows at model size n, in the map's order."""
+    out: dict[str, dict] = {}
+    rows = sorted((r for r in a["rows"] if r["params"] == n),
+                  key=lambda r: (r["arm"], not r["learned"], r["q"] or 0.0))  # fmt: skip
+    for r in rows:
+        out.setdefault(r["label"], {})[r["cost"]] = r
+    return out
+
+
+def tables(a: dict) -> str:
+    """Per model size: compute-to-target ratios against `real_best` and against
+    `anchors_only` per execution cost; then the break-even q per (arm, N, cost)."""
+    costs, parts = a["costs"], []
+    head = "| run | q target | q realised | held-out final | run − `anchors_only` (90% t) | "
+    head += " | ".join(_cost_name(c) for c in costs) + " |"
+    rule = "|---|---|---|---|---|" + "---|" * len(costs)
+    for n in a["params"]:
+        cells = _cells(a, n)
+        for key, other in (("ratio_vs_best_real", a["target"]), ("ratio_vs_anchors_only",
+                                                                 a["control"])):  # fmt: skip
+            parts += [f"N = {n / 1e9:g}B: compute to reach `{a['target']}`'s final level, "
+                      f"`{other}` / run (median [5%, 95%] over seeds, (reached/seeds)):",
+                      "", head, rule]  # fmt: skip
+            if key == "ratio_vs_best_real":
+                ctrl = [a["anchors_only_vs_best_real"][f"{_ck(c)}|N{n:g}"] for c in costs]
+                parts.append(f"| {a['control']} | — | — | {a['control_final']:.3f} | — | "
+                             + " | ".join(_ratio_cell(r) for r in ctrl) + " |")  # fmt: skip
+            for label, by_cost in cells.items():
+                r0 = by_cost[costs[0]]
+                q = "learned" if r0["learned"] else f"{r0['q']:g}"
+                parts.append(
+                    f"| {label} | {q} | {_q_cell(r0['q_realised'])} | {r0['heldout_final']:.3f} "
+                    f"| {_diff_cell(r0['vs_anchors_only'])} | "
+                    + " | ".join(_ratio_cell(by_cost[c][key]) for c in costs)
+                    + " |"
+                )
+            parts.append("")
+    parts += ["Break-even realised q (the median ratio first reaches 1; — : no cell does), "
+              f"against `{a['target']}` / against `{a['control']}`:", "",
+              "| arm | N | " + " | ".join(_cost_name(c) for c in costs) + " |",
+              "|---|---|" + "---|" * len(costs)]  # fmt: skip
+    for arm in a["arms"]:
+        for n in a["params"]:
+            b = {x["cost"]: x for x in a["break_even"] if x["arm"] == arm and x["params"] == n}
+            parts.append(f"| {arm} | {n / 1e9:g}B | " + " | ".join(
+                f"{_q_cell(b[c]['q_break_even'])} / {_q_cell(b[c]['q_break_even_vs_anchors_only'])}"
+                for c in costs) + " |")  # fmt: skip
+    return "\n".join(parts)
+
+
+def _ck(c) -> str:
+    return regime.cost_key(c)
+
+
+def headline(a: dict) -> list[str]:
+    """The map's answer in sentences, every number from the analysis."""
+    lines = [f"**Where does a world model pay?** Against the best real-execution GRPO "
+             f"(`{a['target']}`, final exact held-out {a['target_final']:.3f}; "
+             f"`{a['control']}` ends at {a['control_final']:.3f})."]  # fmt: skip
+    wins = [r for r in a["rows"] if (r["ratio_vs_best_real"]["median"] or 0.0) > 1.0]
+    for arm in a["arms"]:
+        for n in a["params"]:
+            be = {x["cost"]: x["q_break_even"] for x in a["break_even"]
+                  if x["arm"] == arm and x["params"] == n}  # fmt: skip
+            parts = [f"{_cost_name(c)}: {'never' if q is None else f'q ≥ {q:.2f}'}"
+                     for c, q in be.items()]  # fmt: skip
+            lines.append(f"`{arm}` (N = {n / 1e9:g}B) saves compute against it from realised "
+                         f"quality — {'; '.join(parts)} per execution.")  # fmt: skip
+            learned = [r for r in a["rows"] if r["arm"] == arm and r["learned"]
+                       and r["params"] == n]  # fmt: skip
+            if learned and learned[0]["q_realised"] is not None:
+                at = "; ".join(
+                    f"{_cost_name(r['cost'])}: {_ratio_cell(r['ratio_vs_best_real'])}"
+                    for r in learned
+                )
+                lines.append(f"Our learned world model realises q = "
+                             f"{learned[0]['q_realised']:.2f}; there `{a['target']}` / "
+                             f"`{arm}` is {at}.")  # fmt: skip
+    if not wins:
+        lines.append(f"No cell of the map beats `{a['target']}`.")
+    return lines
+
+
+def plot(a: dict, path: str) -> None:
+    """Median ratio against `real_best` over realised q, a line per execution cost, a
+    panel per (arm, N); the learned world model as a star."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(arm, n) for arm in a["arms"] for n in a["params"]]
+    fig, axs = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (arm, n) in zip(axs[0], panels, strict=True):
+        for i, c in enumerate(a["costs"]):
+            rows = [
+                r
+                for r in a["rows"]
+                if r["arm"] == arm
+                and r["params"] == n
+                and r["cost"] == c
+                and r["ratio_vs_best_real"]["median"] is not None
+            ]
+            syn = sorted((r for r in rows if not r["learned"] and r["q_realised"] is not None),
+                         key=lambda r: r["q_realised"])  # fmt: skip
+            color = f"C{i}"
+            if syn:
+                x = [r["q_realised"] for r in syn]
+                y = np.array([[r["ratio_vs_best_real"][k] for k in ("median", "lo", "hi")]
+                              for r in syn])  # fmt: skip
+                ax.errorbar(x, y[:, 0], yerr=[y[:, 0] - y[:, 1], y[:, 2] - y[:, 0]],
+                            marker="o", color=color, capsize=3, label=_cost_name(c))  # fmt: skip
+            for r in rows:
+                if r["learned"] and r["q_realised"] is not None:
+                    ax.plot([r["q_realised"]], [r["ratio_vs_best_real"]["median"]], "*",
+                            color=color, markersize=12)  # fmt: skip
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.set(title=f"{arm}, N = {n / 1e9:g}B (★ learned WM)",
+               xlabel="realised within-group Spearman q",
+               ylabel=f"{a['target']} / run, compute to target")  # fmt: skip
+        ax.legend(title="per execution", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
