@@ -80,6 +80,13 @@ def test_kill_and_resume_continue_the_run(tmp_path):
     proc.wait()
     _run(config, victim, *flags, "--config.checkpoint.every=2")
     assert _history(victim) == _history(tmp_path / "full")
+    # Another run on that workdir: the resume guard refuses in one line, naming the seed
+    # and not the number of workers, which may change (before: a ValueError traceback).
+    other = _launch(config, victim, *flags, "--config.seed=1", "--config.executor.workers=3")
+    out, _ = other.communicate(timeout=300)
+    assert other.returncode == 1, out[-4000:]
+    assert "error: ResumeError: " in out and "another run (config seed)" in out, out[-4000:]
+    assert "Traceback" not in out and "workers" not in out, out[-4000:]
 
 
 def test_compute_study_runlocal_writes_its_outputs(tmp_path):

@@ -59,6 +59,18 @@ def test_a_slow_worker_is_dropped_at_the_deadline_and_its_answer_discarded():
         assert ex.stats["submitted"] == ex.stats["results"] == 4
 
 
+@pytest.mark.parametrize("deadline_s", [1e10, float("inf")])
+def test_a_deadline_past_what_threads_can_wait_runs_every_program(deadline_s):
+    # Before: 1e10 s (past threading.TIMEOUT_MAX) raised OverflowError in the dispatcher
+    # thread while a program ran, so the programs queued behind it never started.
+    worker = ScriptedWorker("one", slots=1, delay=0.2)
+    with FanOut([worker], environment="test", deadline_s=deadline_s) as ex:
+        results = [ex.submit(f"p{i}").result(timeout=60) for i in range(3)]
+    assert [(r.status, r.stdout) for r in results] == [("ok", f"p{i}") for i in range(3)]
+    with pytest.raises(ValueError, match="deadline_s > 0"):
+        FanOut([worker], environment="test", deadline_s=float("nan"))
+
+
 def test_lost_programs_run_on_another_worker_once():
     dying, healthy = ScriptedWorker("dying", slots=2, delay=0.05, dies=True), ScriptedWorker("ok")
     with FanOut([dying, healthy], environment="test") as ex:

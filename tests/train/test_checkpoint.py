@@ -339,3 +339,54 @@ def test_a_full_disk_is_one_line_naming_the_directory(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert ckpt.all_steps() == [1]  # what was saved is kept
     ckpt.close()
+
+
+# Saves a random (incompressible) 4 MiB state into $1, a 256 KiB tmpfs, and prints what
+# the checkpointer raised; orbax's array writer meets the full disk in its own threads.
+_FULL_DISK_SAVE = """
+import sys
+import jax
+from wmrl_jax.train.checkpoint import Checkpointer, CheckpointError
+ckpt = Checkpointer(sys.argv[1] + "/ckpt", keep=2, async_save=sys.argv[2] == "async")
+try:
+    ckpt.save(1, {"w": jax.random.normal(jax.random.key(0), (1 << 20,))}, {"step": 1})
+    ckpt.wait()
+    print("saved")
+except CheckpointError as e:
+    print(f"CheckpointError: {e}")
+ckpt.close()
+"""
+
+
+def _can_mount_a_tmpfs() -> bool:
+    """A user and mount namespace where a tmpfs can be mounted (as the local sandbox needs)."""
+    probe = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+             "mount -t tmpfs -o size=64k tmpfs /mnt"]  # fmt: skip
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_mount_a_tmpfs(), reason="needs unprivileged user namespaces")
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_real_full_disk_is_one_line_without_orbax_tracebacks(tmp_path, mode):
+    # Before: tensorstore's RESOURCE_EXHAUSTED (a ValueError, no OSError in its chain) went
+    # through as is, after orbax had logged it with tracebacks from its writer threads.
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    mount = f'mount -t tmpfs -o size=256k tmpfs {disk} && exec "$0" -c "$1" {disk} {mode}'
+    out = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", mount,
+         sys.executable, _FULL_DISK_SAVE],
+        capture_output=True, text=True, timeout=600, check=False,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=repo),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == (
+        f"CheckpointError: no space left on the device of {disk}/ckpt while "
+        f"{'finishing a checkpoint' if mode == 'async' else 'writing checkpoint step 1'}: free "
+        "space there (the checkpoints saved so far are kept) and rerun to resume\n"
+    ), out.stdout + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "RESOURCE_EXHAUSTED" not in out.stderr, out.stderr

@@ -37,6 +37,10 @@ from wmrl_jax.sandbox.result import ExecutionResult, check_files, check_input_di
 log = logging.getLogger(__name__)
 
 DEADLINE_MESSAGE = "deadline passed"
+# The dispatcher's longest single wait: a wait past threading.TIMEOUT_MAX (~292 years)
+# raises OverflowError in its thread, so a deadline meant as "no limit" (1e10 s) is
+# waited for in slices instead.
+MAX_WAIT_S = 3600.0
 STAT_NAMES = ("submitted", "results", "lost", "lost_seconds", "retries", "dropped", "late")
 
 
@@ -106,7 +110,7 @@ class FanOut:
     ):
         if not workers:
             raise ValueError("need at least one worker")
-        if max_retries < 0 or (deadline_s is not None and deadline_s <= 0):
+        if max_retries < 0 or (deadline_s is not None and not deadline_s > 0):
             raise ValueError(
                 f"need max_retries >= 0 and deadline_s > 0, got {max_retries}, {deadline_s}"
             )
@@ -299,7 +303,10 @@ class FanOut:
                     timeout = next_deadline - now
                     if self._queue:
                         timeout = min(timeout, self.refresh_interval_s)
-                    self._cond.wait(None if timeout == float("inf") else max(timeout, 0.0))
+                    if timeout == float("inf"):
+                        self._cond.wait()
+                    else:
+                        self._cond.wait(min(max(timeout, 0.0), MAX_WAIT_S))
                     continue
             for job in expired:
                 self._resolve(

@@ -119,6 +119,7 @@ class Checkpointer:
             create=True,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+        logging.getLogger("absl").addFilter(_QUIET_FULL_DISK)  # orbax logs through absl
 
     def _metric_value(self, metrics: Mapping[str, Any]) -> float:
         """The ranking value; missing or NaN ranks worst."""
@@ -322,6 +323,11 @@ class Checkpointer:
         self.close()
 
 
+# How a full disk reads: an OSError, or tensorstore's RESOURCE_EXHAUSTED (orbax's array
+# writes raise it as a ValueError naming the OS error, not as an OSError).
+_NO_SPACE_TEXT = (os.strerror(errno.ENOSPC), f"os_error_code='{errno.ENOSPC}'")
+
+
 def _no_space(error: BaseException | None) -> bool:
     """`error`, or an error it was raised from, is a full disk (ENOSPC)."""
     seen = set()
@@ -329,8 +335,21 @@ def _no_space(error: BaseException | None) -> bool:
         seen.add(id(error))
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             return True
+        if any(text in str(error) for text in _NO_SPACE_TEXT):
+            return True
         error = error.__cause__ or error.__context__
     return False
+
+
+class _FullDiskTracebacks(logging.Filter):
+    """Drops orbax's logged tracebacks of a full disk: the save or wait that meets it
+    raises one `CheckpointError` line instead (orbax logs from its writer threads)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and _no_space(record.exc_info[1]))
+
+
+_QUIET_FULL_DISK = _FullDiskTracebacks()
 
 
 def _abstract_leaf(x):
