@@ -38,6 +38,8 @@ import numpy as np
 
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.envs.task import Task
+from wmrl_jax.train.ledger import LedgerStep
+from wmrl_jax.train.records import Execution, Sampled
 
 log = logging.getLogger(__name__)
 
@@ -253,3 +255,23 @@ class Runner:
             if rewards:
                 mean[i], count[i] = np.mean(rewards), len(rewards)
         return mean, count
+
+
+def collect_step(
+    runner: Runner, sampled: Sampled, pending: dict, timing: LedgerStep, *, exchange, watch
+) -> Execution:
+    """The execution stage's record: waits for `pending` (`Runner.submit`) through
+    `exchange` (`multihost.SharedOutcomes.exchange`: process 0's answers everywhere),
+    reports the infrastructure errors to `watch` (`evaluation.InfraWatch`) and charges
+    the executions, and the step's samples and generated tokens, to `timing`."""
+    g, tasks, programs = sampled.group_size, list(sampled.tasks), sampled.rollout.programs
+    got = exchange(lambda: runner.collect(pending, tasks, programs, g))
+    watch.observe(
+        attempts=got.executions, failed=got.counts["infra_errors"],
+        where=f"step {sampled.step}", message=runner.last_infra_message,
+    )  # fmt: skip
+    timing.add(
+        gen_tokens=sampled.rollout.gen_tokens, samples=sampled.num_rows,
+        executions=got.executions, exec_seconds=got.exec_seconds, cached=got.counts["cached"],
+    )  # fmt: skip
+    return Execution.of(got.outcomes, got.counts, got.partners, num_rows=sampled.num_rows)
