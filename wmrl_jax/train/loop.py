@@ -62,15 +62,14 @@ from wmrl_jax.train import (
     resume,
     stages,
 )
-from wmrl_jax.train import execution as execution_lib
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.config import validate_config
 from wmrl_jax.train.console import Console
-from wmrl_jax.train.evaluation import EvalSchedule, InfraWatch, evaluate
-from wmrl_jax.train.execution import Runner
+from wmrl_jax.train.evaluation import EvalSchedule
+from wmrl_jax.train.execution import Executions
 from wmrl_jax.train.ledger import LedgerStep, Timer
 from wmrl_jax.train.lock import WorkdirLock
 from wmrl_jax.train.progress import Progress
@@ -151,14 +150,14 @@ class Trainer:
             # an edit of answers or boards is refused by the resume guard.
             tasks = [*self.tasks.train, *self.tasks.heldout, *self.tasks.pretrain]
             outcomes, environment = builder.make_outcomes(config, tasks=tasks)
-        self.source = multihost.SharedOutcomes(outcomes, environment=environment)
-        self.infra_watch = InfraWatch(executor.max_infra_steps)
-        self.runner = Runner(
-            self.source, retries=executor.infra_retries, on_infra_error=executor.on_infra_error,
-            cache=executor.cache, seed=config.seed,
+        self.executions = Executions(
+            multihost.SharedOutcomes(outcomes, environment=environment), executor,
+            seed=config.seed,
         )  # fmt: skip
-        self.rewarder = Rewarder.from_config(config, self.arm, builder.make_correction(config),
-                                             remembered=self.runner.remembered)  # fmt: skip
+        self.rewarder = Rewarder.from_config(
+            config, self.arm, builder.make_correction(config),
+            remembered=self.executions.runner.remembered,
+        )  # fmt: skip
         optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
         self.train_step = step_lib.make_train_step(
             self.built.graphdef, optimizer, config.train, mesh
@@ -200,25 +199,19 @@ class Trainer:
     @property
     def fingerprint(self) -> str | None:
         """What decides the outcome source's answers (a replay table's digest), or None."""
-        return self.source.fingerprint
+        return self.executions.source.fingerprint
 
     @property
     def environment(self) -> str:
         """Where programs run, in a word for the logs ("docker", "local", "replay", ...)."""
-        return self.source.environment
+        return self.executions.source.environment
 
     def _evaluate(self) -> dict[str, float]:
         key = jax.random.fold_in(self.key, -1 % 2**31)  # The same draws at every evaluation.
-        result = evaluate(
-            self.agent, self.state.params, self.tasks.heldout, self.source.evaluation_source(),
-            samples=self.config.eval_samples, key=key, retries=self.runner.retries,
+        return self.executions.evaluate(
+            self.agent, self.state.params, self.tasks.heldout, samples=self.config.eval_samples,
+            key=key,
         )  # fmt: skip
-        result = multihost.agree(result)  # Executed on process 0.
-        self.infra_watch.observe(
-            attempts=int(result["eval/executions"]), failed=int(result["eval/infra_errors"]),
-            where="a held-out evaluation",
-        )  # fmt: skip
-        return result
 
     # -- checkpoints -------------------------------------------------------
     def _maybe_restore(self) -> int:
@@ -229,7 +222,7 @@ class Trainer:
             return 0
         self.state, meta = restored
         self.progress.restore(meta)
-        self.runner.restore_cache(meta.get("execution_cache", []))
+        self.executions.runner.restore_cache(meta.get("execution_cache", []))
         self._ahead = overlap.decode(meta["ahead"]) if "ahead" in meta else None
         step = int(meta["step"])
         log.info("resumed from step %d (%s)", step, self.checkpointer.directory)
@@ -242,7 +235,7 @@ class Trainer:
             "task_iterator": {"seed": int(self.config.seed), "next_step": step},
             "config": self.config.to_json_best_effort(),
             "outcomes_fingerprint": self.fingerprint,
-            "execution_cache": self.runner.cache_state(),
+            "execution_cache": self.executions.runner.cache_state(),
         }
         if self._ahead is not None:  # The next step trains on it: it travels with the state.
             meta["ahead"] = overlap.encode(self._ahead)
@@ -261,7 +254,7 @@ class Trainer:
         if self.arm.world_model and self.rewarder.anchor_policy != "random":
             wm = self._predict(sampled, k_wm, timing)  # The choice needs the predictions.
         anchors = self.rewarder.choose_anchors(sampled, wm, extra, k_anchor)
-        pending = self.runner.submit(tasks, rollout.programs, anchors.rows(sampled), c.group_size)
+        pending = self.executions.submit(sampled, anchors)
         if self.arm.world_model and wm is None:
             wm = self._predict(sampled, k_wm, timing)  # Runs while the anchors execute.
         if c.overlap and step < c.num_steps and overlap.executing(pending):
@@ -317,10 +310,7 @@ class Trainer:
         return self.world_model.predict(self.state.params, sampled, key, timing)
 
     def _collect(self, sampled: Sampled, pending: dict, timing: LedgerStep) -> Execution:
-        execution = execution_lib.collect_step(
-            self.runner, sampled, pending, timing, exchange=self.source.exchange,
-            watch=self.infra_watch,
-        )  # fmt: skip
+        execution = self.executions.collect(sampled, pending, timing)
         g, programs = sampled.group_size, sampled.rollout.programs
         for i, out in execution.results.items():  # In-context anchors for later WM prompts.
             self.agent.observe(sampled.tasks[i // g], programs[i], out)
@@ -414,8 +404,8 @@ class Trainer:
             return
         self._closed = True
         try:
-            if getattr(self, "source", None) is not None:
-                self.source.close()  # First: it stops the programs still running.
+            if getattr(self, "executions", None) is not None:
+                self.executions.source.close()  # First: it stops the programs still running.
         finally:
             try:
                 if getattr(self, "checkpointer", None) is not None:

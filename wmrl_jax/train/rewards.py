@@ -173,24 +173,15 @@ class Rewarder:
           `(fed, extra)`: the reward stage's record, and ``extra`` with the
           correction's (and ρ's, and the reliability's) updated state.
         """
-        g, ex = sampled.group_size, execution
-        rows, pred_mean, pred_var, debiased = {}, None, None, None
+        ex, rows, pred_mean, pred_var, debiased = execution, {}, None, None, None
         if self.arm.world_model:
-            before = extra["correction"]
             pred_mean, pred_var = wm.mean, wm.var
-            debiased = np.asarray(self._debias(before, wm.mean), np.float32)
+            debiased = np.asarray(self._debias(extra["correction"], wm.mean), np.float32)
             if self.arm.adaptive_rho:  # Out of sample: the map has not seen these anchors.
                 errors = np.where(ex.executed, ex.real - debiased, np.nan)
                 drift = self._rho_update(extra["rho"], errors, np.isfinite(errors))
                 extra = {**extra, "rho": drift}
-            rows["anchor_weight"] = np.repeat(anchors.weights, g)
-            if self.arm.local:  # Same task, nearby program features.
-                rows["task"] = stages.task_ids(sampled.tasks, g)
-                if sampled.rollout.features is not None:
-                    rows["features"] = sampled.rollout.features
-            if self.arm.memory:  # Programs executed earlier in the run, fused from memory.
-                known, count = self.remembered(sampled.tasks, sampled.rollout.programs, g)
-                rows.update(known_real=known, known_count=count)
+            rows = self._wm_rows(sampled, anchors)
         out = self._fed(
             extra["correction"], pred_mean, pred_var, ex.real, ex.executed,
             real_replicate=ex.partner, **rows,
@@ -211,6 +202,21 @@ class Rewarder:
             )
             diagnostics["reliability"] = lam
         return Fed(rewards, valid, debiased, advantages, diagnostics), extra
+
+    def _wm_rows(self, sampled: Sampled, anchors: Anchors) -> dict[str, np.ndarray]:
+        """The correction's per-row inputs beside the predictions, each of shape [N]: the
+        anchor weights, and the task ids and program features (local) or the remembered
+        real rewards (memory)."""
+        g = sampled.group_size
+        rows = {"anchor_weight": np.repeat(anchors.weights, g)}
+        if self.arm.local:  # Same task, nearby program features.
+            rows["task"] = stages.task_ids(sampled.tasks, g)
+            if sampled.rollout.features is not None:
+                rows["features"] = sampled.rollout.features
+        if self.arm.memory:  # Programs executed earlier in the run, fused from memory.
+            known, count = self.remembered(sampled.tasks, sampled.rollout.programs, g)
+            rows.update(known_real=known, known_count=count)
+        return rows
 
     def _estimate(self, sampled, anchors, ex, rewards, valid, debiased, extra):
         """`(advantages [N], λ, extra)` of a `wmrl_ppi` / `wmrl_weighted` arm, ``extra`` with
