@@ -52,16 +52,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from wmrl_jax import agents
-from wmrl_jax.train import (
-    arms,
-    builder,
-    cost,
-    distributed,
-    multihost,
-    overlap,
-    resume,
-    stages,
-)
+from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, resume, stages
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
@@ -167,11 +158,9 @@ class Trainer:
         accelerators = 0 if jax.default_backend() == "cpu" else int(mesh.devices.size)
         self.progress = Progress(accelerators, cost.from_config(config))
         self.checkpointer = Checkpointer(
-            os.path.join(workdir, "checkpoints"),
-            keep=config.checkpoint.keep,
-            best_metric="eval/heldout_percentile",
-            best_mode="max",
-        )
+            os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
+            best_metric="eval/heldout_percentile", best_mode="max",
+        )  # fmt: skip
         self._ahead: overlap.Ahead | None = None  # The next step's batch (`config.overlap`).
         self.start_step = self._maybe_restore()
         self.world_model = Predictor.of(config, self.agent, self.built.params)
