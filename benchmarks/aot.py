@@ -172,7 +172,7 @@ def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict
     rows = gen_rows or p.batch_sizes()["rollout"] // p.batch_devices
     return {
         "train_state": state,
-        "train_temporaries": p.grads + gathered + p.train_rows * p.train_row,
+        "train_temporaries": p.grads + p.scan_view + gathered + p.train_rows * p.train_row,
         "train_peak": p.train_peak,
         "train_rows": p.train_rows,
         "gen_rows": rows,

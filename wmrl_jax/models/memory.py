@@ -186,6 +186,16 @@ def _elements_per_device(config: DecoderConfig, sizes: tuple[int, ...]) -> int:
     )
 
 
+def layer_elements_per_device(config: DecoderConfig, mesh: Mapping[str, int]) -> int:
+    """Param elements of the decoder layers (no embedding, final norm or head) on one device."""
+    abstract = abstract_mesh(mesh)
+    return sum(
+        shard_elements(shape, sharding.param_spec(path, shape, abstract), abstract)
+        for path, shape in param_shapes(config).items()
+        if path[0] == "layers"
+    )
+
+
 @functools.cache
 def largest_layer_elements(config: DecoderConfig) -> int:
     """Params of the largest decoder layer (what an FSDP all-gather brings in at once)."""
