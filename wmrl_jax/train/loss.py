@@ -84,7 +84,8 @@ def sequence_logprobs(
 
     With ``remat`` the values and gradients are the same, at a fraction of the
     memory: each layer is rematerialised in the backward pass
-    (`qwen3.layer_call`) and the LM head runs in token blocks
+    (`qwen3.layer_call`, the layers under `lax.scan`: `models.layer_scan`) and the LM
+    head runs in token blocks
     (`lm_head.blocked_token_logprobs`), so no [T, V] logits are ever whole.
 
     Args:
