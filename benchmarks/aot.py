@@ -233,6 +233,8 @@ def measure(
                     out["depths"][check][part][k]}
                 for part in parts
             }  # fmt: skip
+    if saved:  # with the full depth's numbers
+        saved(out)
     return out
 
 
