@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wmrl_jax.models import sharding
+
 
 def period(layers) -> int:
     """The smallest p dividing L with layer i built as layer i mod p (at most L).
@@ -48,8 +50,13 @@ def period(layers) -> int:
 
 
 def _layer(graphdef, query_block: int, state, x, *args):
-    """One layer's output hidden states (its cache output, unused in training, dropped)."""
-    return nnx.merge(graphdef, state)(x, *args, query_block=query_block)[0]
+    """One layer's output hidden states (its cache output, unused in training, dropped).
+
+    Under a mesh its weights are gathered here, inside the checkpoint, so that the
+    backward pass gathers them again rather than keeping them (FSDP).
+    """
+    state = sharding.gather_for_use(state)
+    return nnx.merge(graphdef, state)(sharding.batch_split(x), *args, query_block=query_block)[0]
 
 
 def scan_layers(layers, x, *args, query_block: int, policy):
@@ -80,7 +87,7 @@ def scan_layers(layers, x, *args, query_block: int, policy):
     def group(x, group_states):
         for call, state in zip(calls, group_states, strict=True):
             x = call(state, x, *args)
-        return x, None
+        return sharding.batch_split(x), None
 
     x, _ = jax.lax.scan(group, x, stacked)
     return x
