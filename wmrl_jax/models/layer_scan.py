@@ -20,6 +20,12 @@ Gated DeltaNet layers and one attention layer) are scanned as groups of the
 layer pattern's period: group g holds layers g p, ..., g p + p - 1, each under
 its own `jax.checkpoint`.
 
+Under a mesh in context (`jax.sharding.use_abstract_mesh`, as the train step sets
+it) each layer gathers its weights over `fsdp` inside its checkpoint and keeps
+the batch split (`sharding.gather_for_use`); without that XLA's partitioner
+gathered the batch instead (Qwen3-4B compiled for 8 H200s: 42.3 GiB of temporaries per
+device, 19.8 with it).
+
 Example:
     >>> x = scan_layers(model.layers, x, cos, sin, mask, query_block=qb, policy=policy)
 """
