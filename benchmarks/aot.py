@@ -172,7 +172,7 @@ def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict
     rows = gen_rows or p.batch_sizes()["rollout"] // p.batch_devices
     return {
         "train_state": state,
-        "train_temporaries": p.grads + gathered + p.train_rows * p.train_row,
+        "train_temporaries": p.grads + p.scan_view + gathered + p.train_rows * p.train_row,
         "train_peak": p.train_peak,
         "train_rows": p.train_rows,
         "gen_rows": rows,
@@ -233,6 +233,8 @@ def measure(
                     out["depths"][check][part][k]}
                 for part in parts
             }  # fmt: skip
+    if saved:  # with the full depth's numbers
+        saved(out)
     return out
 
 

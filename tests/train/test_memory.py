@@ -116,6 +116,8 @@ def test_train_knobs_are_the_boundary():
     assert "config.train.num_microbatches=16)" in problem
     assert fits(usable, microbatches=16) and not fits(usable, microbatches=8)
     # Room for a few rematerialised sequences, not one plain one: remat, then micro-batches.
+    # With remat the layers are stacked once more for the layer scan.
+    fixed += memory.plan(arch, dataclasses.replace(plain, remat=True), FSDP8, H200).scan_view
     usable = fixed + 2.5 * p.train_row_remat
     problem = _problem(memory.plan(arch, plain, FSDP8, _device(usable)), "training")
     assert "config.train.remat=True with config.train.num_microbatches=8" in problem

@@ -18,6 +18,8 @@ Example:
 import jax
 import jax.numpy as jnp
 
+from wmrl_jax.models import sharding
+
 # Tokens per block: one block's float32 logits are block x V x 4 bytes per
 # sequence (0.3 GB at V = 151,936), a few such arrays at a time.
 TOKEN_BLOCK = 512
@@ -55,6 +57,8 @@ def blocked_token_logprobs(features, head, targets, *, block: int = TOKEN_BLOCK)
     pad = ((0, 0), (0, n * block - t))
     features = jnp.moveaxis(jnp.pad(features, (*pad, (0, 0))).reshape(b, n, block, h), 1, 0)
     targets = jnp.moveaxis(jnp.pad(targets, pad).reshape(b, n, block), 1, 0)
+
+    head = sharding.gather_for_use({"lm_head": head})["lm_head"]  # FSDP: gathered once
 
     # Rematerialised: only the block's features are kept for the backward pass
     # (the head is a loop constant); its logits are rebuilt there.

@@ -27,12 +27,12 @@ kinds of number come out:
   assignment (`compiled.memory_analysis()`) of the train step (dense, blocked,
   blocked with remat), the prefill (dense and blocked) and the delta rule on the
   CPU backend (tests/models/test_memory.py; 0.97x to 1.28x of XLA's temporaries
-  at 2 layers); a GPU backend fuses more, so they lean high there. Caveat: the
-  saving of remat across layers is this module's model of a memory-aware
-  schedule. XLA's CPU buffer assignment does not show it (its temporaries grow
-  by the same ~10 MiB per layer and sequence of 1,024 tokens with and without
-  remat, at 4 and 8 layers: its scheduler runs the recomputations early); it is
-  not yet measured on a GPU.
+  at 2 layers); a GPU backend fuses more, so they lean high there. The saving of
+  remat across layers holds because the remat forward runs its layers under
+  `lax.scan` (`models.layer_scan`: the backward rebuilds one layer per
+  iteration); with a Python loop of checkpointed layers XLA ran the
+  recomputations early and its temporaries grew per layer as without remat
+  (tests/test_aot.py compares the plan with XLA's per-layer growth).
 
 Example:
     >>> shapes = param_shapes(config)
@@ -183,6 +183,16 @@ def _elements_per_device(config: DecoderConfig, sizes: tuple[int, ...]) -> int:
     return sum(
         shard_elements(shape, sharding.param_spec(path, shape, abstract), abstract)
         for path, shape in param_shapes(config).items()
+    )
+
+
+def layer_elements_per_device(config: DecoderConfig, mesh: Mapping[str, int]) -> int:
+    """Param elements of the decoder layers (no embedding, final norm or head) on one device."""
+    abstract = abstract_mesh(mesh)
+    return sum(
+        shard_elements(shape, sharding.param_spec(path, shape, abstract), abstract)
+        for path, shape in param_shapes(config).items()
+        if path[0] == "layers"
     )
 
 

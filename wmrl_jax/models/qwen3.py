@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wmrl_jax.models import layer_scan
 from wmrl_jax.models.attention import QUERY_BLOCK, attend
 from wmrl_jax.models.config import Qwen3Config
 from wmrl_jax.models.rope import rope_frequencies
@@ -238,7 +239,9 @@ class Qwen3(nnx.Module):
             cache_index: int scalar, the cache slot of `input_ids[:, 0]`.
             last_only: compute logits for the last position only (T' = 1), as a
                 sampler's prefill needs; saves the LM head on the prompt.
-            remat: rematerialise each layer in the backward pass (`layer_call`).
+            remat: rematerialise each layer in the backward pass (`layer_call`);
+                without a cache the layers then run under `lax.scan`
+                (`layer_scan.scan_layers`), so the backward rebuilds one at a time.
             query_block: queries per attention block (`attention.attend`).
             features_only: return the LM head's input (after the final norm),
                 of shape [B, T', hidden] in the params dtype, instead of logits.
@@ -249,7 +252,13 @@ class Qwen3(nnx.Module):
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0)
         cos, sin = rope_cos_sin(self.config, positions, x.dtype)
         ks, vs = [], []
-        for i, layer in enumerate(self.layers):
+        layers = self.layers
+        if remat and cache is None:  # training: one layer rebuilt per backward iteration
+            x = layer_scan.scan_layers(
+                layers, x, cos, sin, mask, query_block=query_block, policy=REMAT_POLICY
+            )
+            layers = ()
+        for i, layer in enumerate(layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             call = layer_call(layer, remat=remat, query_block=query_block)
             x, (k, v) = call(x, cos, sin, mask, kv, cache_index)

@@ -23,13 +23,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wmrl_jax.models import layer_scan
 from wmrl_jax.models.attention import QUERY_BLOCK, attend
 from wmrl_jax.models.gated_delta import (
     gated_delta_chunked,
     gated_delta_step,
     l2_normalize,
 )
-from wmrl_jax.models.qwen3 import MLP, Linear, layer_call, rope_cos_sin, rotate_half
+from wmrl_jax.models.qwen3 import (
+    MLP,
+    REMAT_POLICY,
+    Linear,
+    layer_call,
+    rope_cos_sin,
+    rotate_half,
+)
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 
 CHUNK_SIZE = 64
@@ -318,8 +326,14 @@ class Qwen3_5(nnx.Module):
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0)
         cos, sin = rope_cos_sin(self.config, positions, x.dtype, self.config.rotary_dim)
         token_mask = self_visible(mask, cache_index)
-        caches = []
-        for i, layer in enumerate(self.layers):
+        caches, layers = [], self.layers
+        if remat and cache is None:  # training: one group rebuilt per backward iteration
+            x = layer_scan.scan_layers(
+                layers, x, cos, sin, mask, token_mask, query_block=query_block,
+                policy=REMAT_POLICY,
+            )  # fmt: skip
+            layers = ()
+        for i, layer in enumerate(layers):
             layer_cache = None if cache is None else cache.layers[i]
             call = layer_call(layer, remat=remat, query_block=query_block)
             x, layer_cache = call(x, cos, sin, mask, token_mask, layer_cache, cache_index)

@@ -115,3 +115,49 @@ def cache_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
 def batch_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
     """Token arrays [B, ...]: batch over (data, fsdp)."""
     return _fit((BATCH,) + (None,) * (len(shape) - 1), shape, mesh)
+
+
+def _context_mesh():
+    """The abstract mesh a caller set (`jax.sharding.use_abstract_mesh`), if it has `fsdp`."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or "fsdp" not in mesh.axis_names else mesh
+
+
+def _without_fsdp(spec: PartitionSpec) -> PartitionSpec:
+    def drop(axes):
+        if axes is None or isinstance(axes, str):
+            return None if axes == "fsdp" else axes
+        kept = tuple(a for a in axes if a != "fsdp")
+        return kept or None
+
+    return PartitionSpec(*(drop(a) for a in spec))
+
+
+def gather_for_use(params, mesh=None):
+    """One layer's params (or a LoRA layer's) all-gathered over `fsdp`, kept on `tensor`.
+
+    FSDP as it is meant: each weight is gathered where it is used and the batch
+    stays split. Without the constraint XLA's partitioner may instead gather the
+    batch and all-reduce partial products over the weights' `fsdp` dim (measured:
+    a Qwen3-4B layer's MLP activations for all 32 rows of a micro-batch on every
+    device). No-op without a mesh (`use_abstract_mesh`) that has `fsdp`.
+    """
+    mesh = mesh or _context_mesh()
+    if mesh is None:
+        return params
+
+    def one(path, w):
+        names = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        names = [n for n in names if n is not None and n != "value"]
+        spec = _without_fsdp(param_spec(names, w.shape, mesh))
+        return jax.lax.with_sharding_constraint(w, spec)
+
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def batch_split(x, mesh=None):
+    """`x` [B, ...] constrained to the batch split over (data, fsdp); no-op without a mesh."""
+    mesh = mesh or _context_mesh()
+    if mesh is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, batch_spec(x.shape, mesh))

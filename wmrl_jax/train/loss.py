@@ -24,12 +24,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, use_abstract_mesh
 
 from wmrl_jax.core import grpo
 from wmrl_jax.models import lm_head, lora, qwen3
@@ -84,7 +85,8 @@ def sequence_logprobs(
 
     With ``remat`` the values and gradients are the same, at a fraction of the
     memory: each layer is rematerialised in the backward pass
-    (`qwen3.layer_call`) and the LM head runs in token blocks
+    (`qwen3.layer_call`, the layers under `lax.scan`: `models.layer_scan`) and the LM
+    head runs in token blocks
     (`lm_head.blocked_token_logprobs`), so no [T, V] logits are ever whole.
 
     Args:
@@ -241,12 +243,19 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
     if mesh is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, state_lib.tree_shardings(zeros, mesh))
     micro = split_microbatches(data, config.num_microbatches, mesh)
-    (grads, sums), _ = jax.lax.scan(body, (zeros, _zero_sums(bool(aux_coef))), micro)
+    # The mesh in context: the remat layer scan gathers weights, not the batch.
+    with _mesh_context(mesh):
+        (grads, sums), _ = jax.lax.scan(body, (zeros, _zero_sums(bool(aux_coef))), micro)
     any_valid = total_tokens > 0
     sums["ratio_min"] = jnp.where(any_valid, sums["ratio_min"], 1.0)
     sums["ratio_max"] = jnp.where(any_valid, sums["ratio_max"], 1.0)
     sums["tokens"] = total_tokens
     return sums["loss"], grads, sums
+
+
+def _mesh_context(mesh: Mesh | None):
+    """`mesh` as the abstract mesh of what is traced inside (nothing without one)."""
+    return contextlib.nullcontext() if mesh is None else use_abstract_mesh(mesh.abstract_mesh)
 
 
 def split_microbatches(data: dict, num_microbatches: int, mesh: Mesh | None = None) -> dict:

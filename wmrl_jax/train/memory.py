@@ -16,7 +16,9 @@ the (data, fsdp, tensor) mesh it counts
   that fits is the micro-batch, and rows x (data x fsdp) is the agent's batch;
 * **training**: the float32 gradient accumulator and one micro-batch gradient,
   plus the activations of the rows of one micro-batch on one device
-  (`models.memory.train_bytes_per_row`, with per-layer remat if the config asks).
+  (`models.memory.train_bytes_per_row`, with per-layer remat if the config asks);
+  with remat, also the layers' params stacked once in the compute dtype: the
+  view the layer scan runs over (`models.layer_scan`).
 
 With LoRA (`train.lora.rank` >= 1) the base params are frozen: they are counted
 once, with no optimizer moments, no gradients and no reference copy (the base is
@@ -173,6 +175,7 @@ class MemoryPlan:
     param_count: int
     resident: dict  # name -> bytes, the whole run
     grads: float
+    scan_view: float  # with remat: the layers' params stacked for the layer scan
     gen_row: float  # cache + prefill, one rollout sequence
     wm_row: float  # cache + prefill, one world-model sequence
     train_row: float  # activations, one training sequence
@@ -189,8 +192,9 @@ class MemoryPlan:
 
     @property
     def train_peak(self) -> float:
-        """Resident state, gradients and one micro-batch's activations."""
-        return sum(self.resident.values()) + self.grads + self.train_rows * self.train_row
+        """Resident state, gradients, the stacked layers and one micro-batch's activations."""
+        fixed = sum(self.resident.values()) + self.grads + self.scan_view
+        return fixed + self.train_rows * self.train_row
 
     @property
     def train_fits(self) -> bool:
@@ -245,6 +249,7 @@ class MemoryPlan:
             row(f"WM sequence ({w.wm_prompt}+{w.wm_new_tokens} tokens)", self.wm_row,
                 batch(self.wm_rows, "wm", w.wm_rows)),
             row("gradients (f32 sum + one micro-batch)", self.grads),
+            *([row("layers stacked for the remat scan", self.scan_view)] if w.remat else []),
             row(f"train sequence ({w.prompt_tokens + w.new_tokens} tokens)", self.train_row, remat),
             row(f"train peak ({self.train_rows} seq/device/micro-batch)", self.train_peak),
         ]  # fmt: skip
@@ -257,6 +262,15 @@ def _trained_per_device(config, w: Workload, mesh: Mapping[str, int]) -> int:
     if w.lora_rank:
         return lora.adapter_elements(config, rank=w.lora_rank, targets=w.lora_targets, mesh=mesh)[1]
     return model_memory.param_elements_per_device(config, mesh)
+
+
+def _scan_view(config, w: Workload, mesh: Mapping[str, int]) -> int:
+    """Bytes of the [L, ...] copy of the layers' params (adapters included) that the
+    remat train step's layer scan runs over, in the compute dtype, per device."""
+    elements = model_memory.layer_elements_per_device(config, mesh)
+    if w.lora_rank:
+        elements += _trained_per_device(config, w, mesh)
+    return elements * DTYPE_BYTES[w.compute_dtype]
 
 
 def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
@@ -310,6 +324,7 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
     pb, cb, t = DTYPE_BYTES[w.param_dtype], DTYPE_BYTES[w.compute_dtype], mesh["tensor"]
     resident = _resident(config, w, mesh)
     grads = _trained_per_device(config, w, mesh) * (4 + cb)
+    scan_view = _scan_view(config, w, mesh) if w.remat else 0
 
     def sequence(prompt: int, new: int) -> int:
         slots = prompt + new
@@ -339,6 +354,7 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         param_count=model_memory.param_count(config),
         resident=resident,
         grads=grads,
+        scan_view=scan_view,
         gen_row=gen_row,
         wm_row=wm_row,
         train_row=train_row(w.remat),
@@ -434,11 +450,12 @@ def _shorter(config, w: Workload, p: MemoryPlan, part: str) -> str:
 def _train_fix(config, w: Workload, p: MemoryPlan) -> str:
     """The cheapest fix: more micro-batches, then remat (and more micro-batches with it),
     else one row per micro-batch and shorter sequences."""
-    fixed = sum(p.resident.values()) + p.grads
+    fixed = sum(p.resident.values()) + p.grads + p.scan_view
     if fixed >= p.device.usable:
         return (
-            f"the resident state and gradients alone need {fixed / GIB:.1f} GiB of the "
-            f"{p.device.usable / GIB:.1f} usable: more devices, or a larger "
+            f"the resident state and gradients alone need {fixed / GIB:.1f} GiB (with remat, the "
+            f"stacked layers included) of the {p.device.usable / GIB:.1f} usable: more devices, "
+            "or a larger "
             "XLA_PYTHON_CLIENT_MEM_FRACTION"
         )
     per_device = max(w.rollout_rows // p.batch_devices, 1)

@@ -190,7 +190,8 @@ class TrainStep:
             )
             return None, jax.lax.stop_gradient(logp)
 
-        _, logp = jax.lax.scan(one, None, micro)  # [M, B / M, T], rows strided
+        with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+            _, logp = jax.lax.scan(one, None, micro)  # [M, B / M, T], rows strided
         return logp.swapaxes(0, 1).reshape(batch["tokens"].shape)
 
     def _step(self, state, batch, key):
