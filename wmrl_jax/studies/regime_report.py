@@ -135,6 +135,8 @@ def _cost_name(c) -> str:
 def _ratio_cell(r: dict) -> str:
     if r["median"] is None:
         return "—"
+    if r["run_never"] == r["seeds"]:
+        return f"never ({r['seeds']} seeds)"
     bound = f", {r['run_never']} never" if r["run_never"] else ""
     return (f"{r['median']:.2f}× [{r['lo']:.2f}, {r['hi']:.2f}] "
             f"({r['reached']}/{r['seeds']}{bound})")  # fmt: skip
