@@ -20,7 +20,6 @@ from wmrl_jax.envs import grading
 from wmrl_jax.envs.task import Task, check_unique_ids, load_task
 from wmrl_jax.train import arms
 from wmrl_jax.train.config import ConfigError, lora_settings
-from wmrl_jax.train.sections import CorrectionSection, ExecutorSection
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +172,16 @@ def load_mle_bench_tasks(
 
 def make_correction(config: ml_collections.ConfigDict) -> RewardCorrection:
     """The reward correction of `config.arm` (its switches come from the table of arms)."""
+    c = config.correction
     return arms.make_correction(
         arms.get(config.arm),
-        **CorrectionSection.of(config).kwargs(),
+        capacity=c.capacity,
+        decay=c.decay,
+        real_var_prior=c.real_var_prior,
+        min_anchors=c.min_anchors,
+        wm_var=c.wm_var,
         local_features=agents.capabilities(config.agent.kind).program_features,
+        local_prior_count=c.local_prior_count,
     )
 
 
@@ -218,7 +223,7 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None, tasks=()):
         return outcomes_lib.ReplayExecutor(table, floors=floors), "replay"
     from wmrl_jax import sandbox
 
-    c = ExecutorSection.of(config)
+    c = config.executor
     try:
         executor, environment = EXECUTORS[kind](c)
     except sandbox.InfraError as e:
@@ -239,20 +244,20 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None, tasks=()):
 # Executors of `config.executor.kind`: each builds a sandbox executor from
 # `config.executor` and names its environment for the logs; a backend that cannot
 # run raises `sandbox.InfraError` (reported as a `ConfigError`).
-def _docker_executor(c: ExecutorSection):
+def _docker_executor(c: ml_collections.ConfigDict):
     from wmrl_jax import sandbox
 
     return sandbox.DockerExecutor(c.image or None, **_run_kwargs(c), **_gpu_kwargs(c)), "docker"
 
 
-def _local_executor(c: ExecutorSection):
+def _local_executor(c: ml_collections.ConfigDict):
     from wmrl_jax import sandbox
 
     # Refuses where it cannot hide the grader-side data (no user namespaces).
     return sandbox.LocalExecutor(python=sys.executable, **_run_kwargs(c)), "local"
 
 
-def _auto_executor(c: ExecutorSection):
+def _auto_executor(c: ml_collections.ConfigDict):
     """Docker if it can run, else the local backend (which says what it isolates);
     with GPUs there is no local fallback."""
     from wmrl_jax import sandbox
@@ -263,7 +268,7 @@ def _auto_executor(c: ExecutorSection):
     return executor, "local" if isinstance(executor, sandbox.LocalExecutor) else "docker"
 
 
-def _ray_executor(c: ExecutorSection):
+def _ray_executor(c: ml_collections.ConfigDict):
     """Executions fanned out over a Ray cluster's nodes, each running Docker."""
     import functools
 
@@ -280,7 +285,7 @@ def _ray_executor(c: ExecutorSection):
     return executor, "ray"
 
 
-def _engines_executor(c: ExecutorSection):
+def _engines_executor(c: ml_collections.ConfigDict):
     """Executions fanned out over several Docker engines."""
     from wmrl_jax.sandbox.remote import EnginePool, engines_from_env
 
@@ -303,11 +308,11 @@ EXECUTORS = {
 }
 
 
-def _run_kwargs(c: ExecutorSection) -> dict:
+def _run_kwargs(c: ml_collections.ConfigDict) -> dict:
     return dict(max_workers=c.workers, timeout_s=c.timeout_s)
 
 
-def _fanout_kwargs(c: ExecutorSection) -> dict:
+def _fanout_kwargs(c: ml_collections.ConfigDict) -> dict:
     return dict(max_retries=c.infra_retries, deadline_s=c.deadline_s or None)
 
 
@@ -327,7 +332,7 @@ def check_workdir(path: str) -> None:
         raise ConfigError(f"--workdir {path!r} is not a writable directory: {e.strerror}") from e
 
 
-def _gpu_kwargs(c: ExecutorSection) -> dict:
+def _gpu_kwargs(c: ml_collections.ConfigDict) -> dict:
     """`DockerExecutor`'s GPU keywords from config.executor ({} without GPUs)."""
     if not c.gpus:
         return {}
