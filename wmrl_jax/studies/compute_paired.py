@@ -41,7 +41,8 @@ def exact_curves(summaries: list[dict], key: str, cost: CostModel | None = None)
     return np.concatenate([zeros, x], 1), np.concatenate([start[:, None], y], 1)
 
 
-def _smoothed(y: np.ndarray, window: int) -> np.ndarray:
+def smoothed(y: np.ndarray, window: int) -> np.ndarray:
+    """A trailing mean of each row over `window` points, NaN where `y` is NaN."""
     return np.where(np.isfinite(y), trailing_mean(y, window), np.nan)
 
 
@@ -78,10 +79,10 @@ def analyse_exact(
     finals, reach, rows = {}, {}, {}
     curves = {label: exact_curves(s, "heldout_percentile", cost) for label, s in results.items()}
     for label, (_, y) in curves.items():
-        finals[label] = last_finite(_smoothed(y, smooth))
+        finals[label] = last_finite(smoothed(y, smooth))
     targets = finals[baseline]
     for label, (x, y) in curves.items():
-        reach[label] = analysis.reach_rows(x, _smoothed(y, smooth), targets)
+        reach[label] = analysis.reach_rows(x, smoothed(y, smooth), targets)
     for label, summaries in results.items():
         _, train_y = exact_curves(summaries, "train_reward", cost)
         x, y = curves[label]
@@ -91,7 +92,7 @@ def analyse_exact(
             "heldout_final": float(np.mean(finals[label])),
             "heldout_final_seeds": finals[label].tolist(),
             "train_start": float(np.mean(train_y[:, 0])),
-            "train_final": float(np.mean(last_finite(_smoothed(train_y, smooth)))),
+            "train_final": float(np.mean(last_finite(smoothed(train_y, smooth)))),
             "to_target": [analysis.finite(r) for r in reach[label]],
             "reached": int(np.sum(np.isfinite(reach[label]))),
             "compute_total": float(np.mean(last_finite(x))),

@@ -44,8 +44,7 @@ import numpy as np
 
 from wmrl_jax.studies import analysis
 from wmrl_jax.studies.compute import last_finite, step_series
-from wmrl_jax.studies.compute_paired import exact_curves
-from wmrl_jax.studies.smoothing import trailing_mean
+from wmrl_jax.studies.compute_paired import exact_curves, smoothed
 from wmrl_jax.train.cost import CostModel
 
 TARGET = "real_best"
@@ -96,10 +95,6 @@ class Axes:
         for n in self.params:
             for c in self.costs:
                 yield c, n, dataclasses.replace(self.model, params=float(n), execution_seconds=c)
-
-
-def _smoothed(y: np.ndarray, window: int) -> np.ndarray:
-    return np.where(np.isfinite(y), trailing_mean(y, window), np.nan)
 
 
 def _ratios(base: np.ndarray, own: np.ndarray, base_total, own_total) -> dict:
@@ -160,7 +155,7 @@ def flatness(summaries: list[dict], smooth: int, model: CostModel) -> dict:
     """How flat the target's exact curve ends: the rise of its smoothed held-out curve over
     its last quarter of updates, paired over seeds (mean and 90% t interval)."""
     _, y = exact_curves(summaries, "heldout_percentile", model)
-    y = _smoothed(y, smooth)
+    y = smoothed(y, smooth)
     ends, quarter = [], []
     for row in y:
         ok = np.flatnonzero(np.isfinite(row))
@@ -200,7 +195,7 @@ def analyse(
         if need not in results:
             raise ValueError(f"the regime map needs the {need!r} runs; got {sorted(results)}")
     finals = {
-        label: last_finite(_smoothed(exact_curves(s, "heldout_percentile", axes.model)[1], smooth))
+        label: last_finite(smoothed(exact_curves(s, "heldout_percentile", axes.model)[1], smooth))
         for label, s in results.items()
     }
     # Less a rounding margin: the moving average's float error must not keep a curve, the
@@ -240,7 +235,7 @@ def _priced_ratios(results: dict, model: CostModel, targets: np.ndarray, smooth:
     reach, total = {}, {}
     for label, summaries in results.items():
         x, y = exact_curves(summaries, "heldout_percentile", model)
-        reach[label] = analysis.reach_rows(x, _smoothed(y, smooth), targets)
+        reach[label] = analysis.reach_rows(x, smoothed(y, smooth), targets)
         total[label] = last_finite(x)
 
     def ratios(base: str, own: str) -> dict:

@@ -177,7 +177,9 @@ def tables(a: dict) -> str:
                       f"`{other}` / run (median [5%, 95%] over seeds, (reached/seeds)):",
                       "", head, rule]  # fmt: skip
             if key == "ratio_vs_best_real":
-                ctrl = [a["anchors_only_vs_best_real"][f"{_ck(c)}|N{n:g}"] for c in costs]
+                ctrl = [
+                    a["anchors_only_vs_best_real"][f"{regime.cost_key(c)}|N{n:g}"] for c in costs
+                ]
                 parts.append(f"| {a['control']} | — | — | {a['control_final']:.3f} | — | "
                              + " | ".join(_ratio_cell(r) for r in ctrl) + " |")  # fmt: skip
             for label, by_cost in cells.items():
@@ -201,10 +203,6 @@ def tables(a: dict) -> str:
                 f"{_q_cell(b[c]['q_break_even'])} / {_q_cell(b[c]['q_break_even_vs_anchors_only'])}"
                 for c in costs) + " |")  # fmt: skip
     return "\n".join(parts)
-
-
-def _ck(c) -> str:
-    return regime.cost_key(c)
 
 
 def headline(a: dict) -> list[str]:
