@@ -3,8 +3,9 @@
 Docker tests start an engine with launch/docker_engine.sh when none answers
 and build the image when it is missing; they are skipped, with the reason,
 only where no engine can be started (and fail instead when WMRL_REQUIRE_DOCKER
-is set, as in CI). Every Docker test holds a shared lock;
-the test that stops the engine holds it exclusively.
+is set, as in CI). No test stops the usual engine, since other test workers
+use it at the same time: the tests that take an engine down start one of
+their own (`tests/sandbox/engines.py`).
 """
 
 import contextlib
@@ -35,9 +36,10 @@ TEST_LIMITS = Limits(
 
 
 @contextlib.contextmanager
-def engine_lock(exclusive: bool = False):
-    with open(LOCK_PATH, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+def _held(suffix: str):
+    """An exclusive lock across test workers, named by `suffix`."""
+    with open(LOCK_PATH + suffix, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -69,7 +71,7 @@ def docker_image():
     """The sandbox image tag (built if missing), or a skip saying why there is none."""
     from wmrl_jax.sandbox.image import build_image, default_image, image_exists
 
-    with engine_lock():
+    with _held(".start"):  # one engine start across test workers
         client, reason = _engine_client()
     if client is None:
         if os.environ.get("WMRL_REQUIRE_DOCKER"):
@@ -77,17 +79,16 @@ def docker_image():
         pytest.skip(reason)
     tag = default_image()
     if not image_exists(client, tag):
-        with open(LOCK_PATH + ".build", "a") as f:  # one build across test workers
-            fcntl.flock(f, fcntl.LOCK_EX)
-            build_image(tag, client=client)
+        with _held(".build"):  # one build across test workers
+            if not image_exists(client, tag):
+                build_image(tag, client=client)
     return tag
 
 
 @pytest.fixture
 def docker_available(docker_image):
-    """The image tag, with the engine held (shared) for the whole test."""
-    with engine_lock():
-        yield docker_image
+    """The image tag, for tests that need the engine but no executor of the fixture's."""
+    return docker_image
 
 
 def local_executor(**kwargs) -> LocalExecutor:
@@ -99,14 +100,11 @@ def local_executor(**kwargs) -> LocalExecutor:
 
 @pytest.fixture
 def docker_executor(docker_image):
-    with engine_lock():
-        executor = DockerExecutor(docker_image, limits=TEST_LIMITS, timeout_s=30)
-        yield executor
-        executor.close()
-        left = executor.client.containers.list(
-            all=True, filters={"label": f"{LABEL}={executor.token}"}
-        )
-        assert not left, f"containers left behind: {left}"
+    executor = DockerExecutor(docker_image, limits=TEST_LIMITS, timeout_s=30)
+    yield executor
+    executor.close()
+    left = executor.client.containers.list(all=True, filters={"label": f"{LABEL}={executor.token}"})
+    assert not left, f"containers left behind: {left}"
 
 
 @pytest.fixture(params=["local", "docker"])

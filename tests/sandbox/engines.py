@@ -15,8 +15,6 @@ import time
 
 import pytest
 
-from tests.sandbox.conftest import engine_lock
-
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 
@@ -117,8 +115,7 @@ def running(engine: ExtraEngine, docker_image: str):
 
     engine.start()
     try:
-        with engine_lock():
-            want = docker.from_env(timeout=300).images.get(docker_image).id
+        want = docker.from_env(timeout=300).images.get(docker_image).id
         try:
             have = engine.client(timeout=300).images.get(docker_image).id
         except docker.errors.ImageNotFound:

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -11,15 +12,18 @@ import time
 import pytest
 
 from tests.sandbox.conftest import REPO, TEST_LIMITS
+from tests.sandbox.engines import ExtraEngine, running
 from wmrl_jax.sandbox import DockerExecutor, owners
 from wmrl_jax.sandbox.docker_backend import LABEL
 
 LONG = "import time\ntime.sleep(600)\n"
 WAIT_S = 120  # a bound on waits for the engine; no test relies on its length
+OWN_STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-leftovers")
 
 
-def _child(image: str, body: str) -> subprocess.Popen:
-    """A Python process that starts a long program on the engine and prints its container id."""
+def _child(image: str, body: str, docker_host: str | None = None) -> subprocess.Popen:
+    """A Python process that starts a long program on the engine (`docker_host`, default
+    the usual one) and prints its container id."""
     head = textwrap.dedent(f"""
         import sys, threading, time
         from wmrl_jax.sandbox import DockerExecutor, docker_backend
@@ -28,7 +32,11 @@ def _child(image: str, body: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", head + body],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
+        env={
+            **os.environ,
+            "PYTHONPATH": REPO,
+            **({"DOCKER_HOST": docker_host} if docker_host else {}),
+        },
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -55,20 +63,29 @@ def _wait_for(predicate, what: str):
         time.sleep(0.2)
 
 
-def test_killed_owner_container_ends_itself_and_is_reaped_live_owner_kept(docker_available):
+@pytest.fixture(scope="module")
+def own_engine(docker_image):
+    """An engine of this module's own: on the usual one, any executor another test worker
+    starts would reap the dead owner's container before it could be seen to end itself."""
+    with running(ExtraEngine(OWN_STATE), docker_image) as engine:
+        yield engine
+
+
+def test_killed_owner_container_ends_itself_and_is_reaped_live_owner_kept(docker_image, own_engine):
     # The child's program sleeps 600 s under a 60 s timeout; its container's own
     # deadline is made 20 s (60 + KEEPER_GRACE_S) so that this test waits less.
     child = _child(
-        docker_available,
+        docker_image,
         "docker_backend.KEEPER_GRACE_S = -40.0\n"
         f"threading.Thread(target=ex.run, args=({LONG!r},), kwargs=dict(timeout_s=60)).start()\n"
         + PRINT_ID
         + "time.sleep(600)\n",
+        docker_host=own_engine.url,
     )
     try:
         container_id = child.stdout.readline().strip()
         assert container_id, "the child printed no container id"
-        with DockerExecutor(docker_available, limits=TEST_LIMITS) as other:
+        with DockerExecutor(docker_image, limits=TEST_LIMITS, client=own_engine.client()) as other:
             client = other.client
             # A live owner's container is never reaped by another executor.
             assert _state(client, container_id)["State"] == "running"
@@ -80,7 +97,7 @@ def test_killed_owner_container_ends_itself_and_is_reaped_live_owner_kept(docker
     # The container stops by itself at its deadline although its owner never came back.
     _wait_for(lambda: _state(client, container_id)["State"] != "running", "the container to end")
     # The next executor that starts removes what the dead owner left.
-    with DockerExecutor(docker_available, limits=TEST_LIMITS):
+    with DockerExecutor(docker_image, limits=TEST_LIMITS, client=own_engine.client()):
         assert _state(client, container_id) is None
 
 

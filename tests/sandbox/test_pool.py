@@ -1,15 +1,18 @@
 """ExecutorPool: width, retries of infrastructure errors only, cache, shutdown, engine loss."""
 
 import os
-import subprocess
+import tempfile
 import threading
 import time
 
 import pytest
 
-from tests.sandbox.conftest import ENGINE_SCRIPT, TEST_LIMITS, engine_lock, local_executor
+from tests.sandbox.conftest import TEST_LIMITS, local_executor
+from tests.sandbox.engines import ExtraEngine, running
 from wmrl_jax.sandbox import DockerExecutor, ExecutionResult, ExecutorPool, input_digest
 from wmrl_jax.sandbox.docker_backend import LABEL
+
+STOPPED_STATE = os.path.join(tempfile.gettempdir(), "wmrl-dockerd-stopped")
 
 
 class FakeExecutor:
@@ -142,35 +145,29 @@ def test_docker_pool_leaves_nothing_behind(docker_executor):
 
 
 def test_engine_stopped_in_the_middle_of_a_batch(docker_image):
-    pid_file = os.path.join(
-        os.environ.get("WMRL_DOCKERD_STATE", "/tmp/wmrl-dockerd"), "dockerd.pid"
-    )
-    if not os.path.exists(pid_file):
-        pytest.skip("the engine was not started by launch/docker_engine.sh; not stopping it")
-    with engine_lock(exclusive=True):
-        lost = ExecutorPool(
-            DockerExecutor(docker_image, limits=TEST_LIMITS), width=2, max_retries=0, cache=False
-        )
-        kept = ExecutorPool(
-            DockerExecutor(docker_image, limits=TEST_LIMITS),
-            width=2,
-            max_retries=4,
-            retry_backoff_s=1.0,
-            cache=False,
-        )
+    # The engine stopped here is one of the test's own (its own socket and state dir):
+    # stopping the usual engine would break whatever another test worker runs on it.
+    with running(ExtraEngine(STOPPED_STATE), docker_image) as engine:
+
+        def executor():
+            return DockerExecutor(docker_image, limits=TEST_LIMITS, client=engine.client())
+
+        lost = ExecutorPool(executor(), width=2, max_retries=0, cache=False)
+        kept = ExecutorPool(executor(), width=2, max_retries=4, retry_backoff_s=1.0, cache=False)
         sleeper = "import time\ntime.sleep(4)\nprint('done')"
         try:
             try:
                 doomed = [lost.submit(sleeper) for _ in range(2)]
                 survivors = [kept.submit(sleeper) for _ in range(2)]
                 time.sleep(2.0)  # all four are running
-                subprocess.run([ENGINE_SCRIPT, "stop"], check=True, capture_output=True)
+                engine.stop()
+                assert not engine.answers()
                 results = [f.result(timeout=120) for f in doomed]
                 assert [r.status for r in results] == ["infra_error"] * 2, results
                 assert all("Docker engine" in r.message for r in results)
                 assert all("launch/docker_engine.sh start" in r.message for r in results)
             finally:
-                subprocess.run([ENGINE_SCRIPT, "start"], check=True, capture_output=True)
+                engine.start()
             # The retrying pool kept its work and finished it once the engine was back.
             kept_results = [f.result(timeout=120) for f in survivors]
             assert [r.stdout for r in kept_results] == ["done\n"] * 2, kept_results
