@@ -23,6 +23,7 @@ exact, paired comparison.
 
 import ml_collections
 
+from wmrl_jax.studies.runs import Variant
 from wmrl_jax.train.config import base_config
 
 # The arms beyond the paper, each on top of `wmrl` (`wmrl_jax.train.arms`).
@@ -69,8 +70,9 @@ def get_config(arg: str | None = None):
     config.study.rho_sweep = ()
     config.study.warm_sweep = ()  # Warm-start steps: the WM's quality.
     config.study.warm_sweep_arms = ("wmrl", "real")
-    # Named runs beside the arms: "label: arm=<arm>, dotted.field=value, ..." (e.g. a
-    # world-model variant); `--extend` adds them to an earlier study.
+    # Named runs beside the arms: `Variant(label, arm, ((dotted.field, value), ...))` (or
+    # the string "label: arm=<arm>, dotted.field=value, ..."; e.g. a world-model variant);
+    # `--extend` adds them to an earlier study.
     config.study.variants = ()
     config.study.smooth = 3  # Evaluation points in the moving average.
     config.study.cost_sweep = (0.5e9, 1e9, 4e9, 9e9, 32e9)  # N for the break-even table.
@@ -123,13 +125,13 @@ def get_config(arg: str | None = None):
         # correction's per-sample variance; the WM loss weighted 3x on executed samples;
         # a 4x longer warm start (which also moves the policy's start, so `real` and
         # `anchors_only` get it too). Run with --extend after the arms.
-        warm = "agent.recipe.warm_start.steps=600"
+        warm = (("agent.recipe.warm_start.steps", 600),)
         config.study.variants = (
-            "wmrl_pervar: arm=wmrl, correction.wm_var=per_sample",
-            "wmrl_aux3: arm=wmrl, train.loss.aux_coef=3.0",
-            f"wmrl_warm600: arm=wmrl, {warm}",
-            f"anchors_only_warm600: arm=anchors_only, {warm}",
-            f"real_warm600: arm=real, {warm}",
+            Variant("wmrl_pervar", "wmrl", (("correction.wm_var", "per_sample"),)),
+            Variant("wmrl_aux3", "wmrl", (("train.loss.aux_coef", 3.0),)),
+            Variant("wmrl_warm600", "wmrl", warm),
+            Variant("anchors_only_warm600", "anchors_only", warm),
+            Variant("real_warm600", "real", warm),
         )
     known = ("runlocal", "sweeps", "beyond", "wm", "realsweep", "paired")
     if arg not in (None, "", *known):

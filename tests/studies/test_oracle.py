@@ -1,12 +1,14 @@
 """The replay-oracle step hook: fed rewards against the truth, and the out-of-sample WM."""
 
+import dataclasses
+
 import numpy as np
 
 from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.studies.compute import step_series
 from wmrl_jax.studies.oracle import replay_oracle, stream_errors
-from wmrl_jax.train.stages import StepRecord
+from wmrl_jax.train.records import Anchors, Execution, Fed, Sampled, StepRecord
 
 
 class Task:
@@ -23,12 +25,14 @@ class Truth:
 
 def _record(programs, wm, executed_rows):
     n = len(programs)
-    rec = StepRecord(1, [Task("a")], n, rollout=Rollout(programs, {}, 0))
-    rec.wm = WMOutput(np.asarray(wm, np.float32), np.ones(n, np.float32), 0, 0)
-    rec.outcomes = {i: Truth().lookup(None, programs[i]) for i in executed_rows}
-    rec.rewards = np.asarray(wm, np.float32)
-    rec.valid = np.ones(n, bool)
-    return rec
+    results = {i: Truth().lookup(None, programs[i]) for i in executed_rows}
+    return StepRecord(
+        Sampled(1, (Task("a"),), n, Rollout(programs, {}, 0)),
+        WMOutput(np.asarray(wm, np.float32), np.ones(n, np.float32), 0, 0),
+        Anchors(np.ones(1, bool), np.ones(1, np.float32)),
+        Execution.of(results, {}, {}, num_rows=n),
+        Fed(np.asarray(wm, np.float32), np.ones(n, bool)),
+    )
 
 
 def test_oracle_metrics_and_the_out_of_sample_rank_correlation():
@@ -54,11 +58,18 @@ def test_step_series_pads_runs_of_different_length():
 def test_stream_errors_compare_the_streams_on_the_same_executed_rows():
     truth = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
     rec = _record(["0.1", "0.2", "0.3", "0.4", "0.5"], truth, executed_rows=[])
-    rec.executed = np.array([True, True, True, True, False])
-    rec.real = np.where(rec.executed, truth + [0.2, -0.2, 0.2, -0.2, 0.0], np.nan)
-    rec.partner = np.array([truth[0] - 0.2, np.nan, np.nan, np.nan, np.nan])  # row 0: a pair
-    rec.debiased = (truth + [0.1, 0.1, -0.1, np.nan, 0.0]).astype(np.float32)  # row 3 unusable
-    rec.rewards = (truth + [0.0, 0.05, -0.05, 0.0, 9.0]).astype(np.float32)
+    executed = np.array([True, True, True, True, False])
+    real = np.where(executed, truth + [0.2, -0.2, 0.2, -0.2, 0.0], np.nan)
+    partner = np.array([truth[0] - 0.2, np.nan, np.nan, np.nan, np.nan])  # row 0: a pair
+    rec = dataclasses.replace(
+        rec,
+        execution=Execution({}, {}, real, executed, partner),
+        fed=Fed(
+            (truth + [0.0, 0.05, -0.05, 0.0, 9.0]).astype(np.float32),
+            np.ones(5, bool),
+            debiased=(truth + [0.1, 0.1, -0.1, np.nan, 0.0]).astype(np.float32),  # row 3 unusable
+        ),
+    )
     m = stream_errors(rec, truth)
     # Rows 0-2 only (executed, with a debiased prediction); row 0's real is the pair mean.
     np.testing.assert_allclose(m["oracle/anchor_real_error_var"], np.var([0.0, -0.2, 0.2]), 1e-6)
@@ -66,5 +77,6 @@ def test_stream_errors_compare_the_streams_on_the_same_executed_rows():
     np.testing.assert_allclose(m["oracle/anchor_fed_error_var"], np.var([0.0, 0.05, -0.05]), 1e-6)
     # Errors (0, -0.2, 0.2) and (0.1, 0.1, -0.1): Pearson correlation -sqrt(3)/2.
     np.testing.assert_allclose(m["oracle/anchor_error_corr"], -np.sqrt(3) / 2, 1e-5)
-    rec.debiased = None  # An arm without a world model has no streams to compare.
+    # An arm without a world model has no streams to compare.
+    rec = dataclasses.replace(rec, fed=dataclasses.replace(rec.fed, debiased=None))
     assert stream_errors(rec, truth) == {}

@@ -1,9 +1,13 @@
 """The compute study's runs: arms, sweeps and named variants."""
 
+import json
+
 import pytest
 
 from experiments.configs import study_compute
 from wmrl_jax.studies import compute
+from wmrl_jax.studies.runs import Variant
+from wmrl_jax.train.config import override
 
 
 def _config(**study):
@@ -64,3 +68,34 @@ def test_real_sweep_cells_and_the_pick():
     }  # fmt: skip
     with pytest.raises(ValueError, match="best_real"):
         compute.study_runs(_config(best_real="g5"))
+
+
+def test_a_variant_is_structured_and_the_string_form_reads_the_same():
+    structured = Variant("wmrl_warm600", "wmrl", (("agent.recipe.warm_start.steps", 600),))
+    assert Variant.parse("wmrl_warm600: arm=wmrl, agent.recipe.warm_start.steps=600") == structured
+    # The config's JSON (results.json, checkpoints) keeps it as a list; it reads back.
+    assert Variant.of(json.loads(json.dumps(structured))) == structured
+    assert structured.overrides() == {"arm": "wmrl", "agent.recipe.warm_start.steps": 600}
+    both = _config(variants=(structured, "pv: arm=wmrl, correction.wm_var=per_sample"))
+    runs = dict(compute.study_runs(both))
+    assert runs["wmrl_warm600"] == structured.overrides()
+    assert runs["pv"] == {"arm": "wmrl", "correction.wm_var": "per_sample"}
+    for bad in (("x", "", ()), ("x", "wmrl", (("arm", "real"),)), ("x", "wmrl")):
+        with pytest.raises(ValueError, match="study variant"):
+            Variant.of(bad)
+
+
+def test_the_wm_variants_are_the_ones_the_string_form_named():
+    """`:wm`'s variants, written as `Variant`s, are the runs its earlier strings named."""
+    warm = "agent.recipe.warm_start.steps=600"
+    strings = (
+        "wmrl_pervar: arm=wmrl, correction.wm_var=per_sample",
+        "wmrl_aux3: arm=wmrl, train.loss.aux_coef=3.0",
+        f"wmrl_warm600: arm=wmrl, {warm}",
+        f"anchors_only_warm600: arm=anchors_only, {warm}",
+        f"real_warm600: arm=real, {warm}",
+    )
+    config = study_compute.get_config("wm")
+    assert compute.study_runs(config) == compute.study_runs(
+        override(config, **{"study.variants": strings})
+    )

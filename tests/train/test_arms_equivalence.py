@@ -17,8 +17,8 @@ from wmrl_jax.core import grpo, ppi
 from wmrl_jax.studies import controlled
 from wmrl_jax.train import arms
 from wmrl_jax.train.config import override
+from wmrl_jax.train.records import Anchors, Execution, Sampled
 from wmrl_jax.train.rewards import Rewarder
-from wmrl_jax.train.stages import StepRecord
 
 B, G, K, STEPS, TASKS = 6, 4, 3, 4, 8
 
@@ -65,24 +65,24 @@ def _trainer_fed(arm, config, steps):
         tiny_cpu.get_config("runlocal"), arm=arm.name, tasks_per_step=B,
         **{"anchors.reliability.warmup_rows": config.anchors.reliability.warmup_rows},
     )  # fmt: skip
-    rewarder = Rewarder(train_config, arm, correction, remembered=remembered)
+    rewarder = Rewarder.from_config(train_config, arm, correction, remembered=remembered)
     extra, out = rewarder.init(), []
     for step, (tasks, actions, real, pred, groups, weights) in enumerate(steps):
         task_objs = [types.SimpleNamespace(id=int(t)) for t in tasks]
         programs = [str(a) for a in actions.reshape(-1)]
         rollout = Rollout(programs, {}, 0, (), features=actions.reshape(-1, 1))
-        record = StepRecord(step + 1, task_objs, G, rollout=rollout)
-        record.anchor_groups, record.anchor_weights = groups, weights
+        sampled = Sampled(step + 1, tuple(task_objs), G, rollout)
         executed = np.repeat(groups, G)
-        record.real = np.where(executed, real.reshape(-1), np.nan).astype(np.float32)
-        record.executed, record.partner = executed, np.full(B * G, np.nan, np.float32)
+        real_rows = np.where(executed, real.reshape(-1), np.nan).astype(np.float32)
+        execution = Execution({}, {}, real_rows, executed, np.full(B * G, np.nan, np.float32))
+        wm = None
         if arm.world_model:
-            record.wm = WMOutput(pred.reshape(-1), np.ones(B * G, np.float32), 0, 0)
-        extra = rewarder.correct(record, extra)
-        out.append((record.rewards, record.valid, record.advantages))
+            wm = WMOutput(pred.reshape(-1), np.ones(B * G, np.float32), 0, 0)
+        fed, extra = rewarder.correct(sampled, wm, Anchors(groups, weights), execution, extra)
+        out.append((fed.rewards, fed.valid, fed.advantages))
         for i in np.flatnonzero(executed):
             total, count = memory.get((task_objs[i // G].id, programs[i]), (0.0, 0.0))
-            memory[(task_objs[i // G].id, programs[i])] = (total + record.real[i], count + 1)
+            memory[(task_objs[i // G].id, programs[i])] = (total + real_rows[i], count + 1)
     return out
 
 

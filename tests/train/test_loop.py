@@ -259,13 +259,14 @@ def test_samples_without_a_program_are_invalid_and_never_executed(tmp_path, arm)
     (record,) = records
     n, g = record.num_rows, config.group_size
     none = np.arange(n) % 2 == 1
-    ran = int(np.sum(np.repeat(record.anchor_groups, g) & ~none))  # anchors with a program
+    ran = int(np.sum(np.repeat(record.anchors.groups, g) & ~none))  # anchors with a program
     assert ran > 0 or arm == "wm_naive"
     assert source.calls == ran and metrics["ledger/executions"] == ran
-    assert not record.executed[none].any() and all(i % 2 == 0 for i in record.outcomes)
+    ex = record.execution
+    assert not ex.executed[none].any() and all(i % 2 == 0 for i in ex.results)
     floor = builder.reward_floors(config).invalid
-    np.testing.assert_array_equal(record.rewards[none], floor)
-    assert record.valid[none].all()
+    np.testing.assert_array_equal(record.fed.rewards[none], floor)
+    assert record.fed.valid[none].all()
     assert metrics["programs/none/no_code"] == n // 2
 
 
@@ -342,7 +343,7 @@ def test_a_run_whose_every_execution_fails_stops_with_an_error(tmp_path, capsys)
         trainer.run()
     trainer.close()
     assert "held-out percentile n/a" in capsys.readouterr().out
-    assert len(trainer.step_log) == 1 and source.closed == 1
+    assert len(trainer.progress.steps) == 1 and source.closed == 1
 
 
 def test_a_second_trainer_on_a_busy_workdir_fails_at_once(tmp_path):

@@ -1,4 +1,6 @@
-"""A step's anchors and fed rewards (`Rewarder`) on hand-made records of 2 groups of 4."""
+"""A step's anchors and fed rewards (`Rewarder`) on hand-made stage records of 2 groups of 4."""
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -8,8 +10,8 @@ from experiments.configs import tiny_cpu
 from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.train import arms, builder
 from wmrl_jax.train.config import override
+from wmrl_jax.train.records import Anchors, Execution, Sampled
 from wmrl_jax.train.rewards import Rewarder
-from wmrl_jax.train.stages import StepRecord
 
 G = 4
 
@@ -17,61 +19,75 @@ G = 4
 def _rewarder(arm: str, **overrides):
     config = override(tiny_cpu.get_config("runlocal"), arm=arm, **overrides)
     assert (config.tasks_per_step, config.group_size) == (2, G)
-    return Rewarder(config, arms.get(arm), builder.make_correction(config)), config
+    return Rewarder.from_config(config, arms.get(arm), builder.make_correction(config)), config
 
 
-def _record(programs=("p",) * 8, causes=()):
+def _sampled(programs=("p",) * 8, causes=()):
     rollout = Rollout(list(programs), {}, 0, tuple(causes))
-    return StepRecord(3, ["task a", "task b"], G, rollout=rollout)
+    return Sampled(3, ("task a", "task b"), G, rollout)
+
+
+def _execution(real, partner=None):
+    real = np.asarray(real, np.float32)
+    partner = np.full(len(real), np.nan, np.float32) if partner is None else partner
+    return Execution({}, {}, real, np.isfinite(real), np.asarray(partner, np.float32))
 
 
 def test_an_arm_without_a_world_model_is_fed_its_real_scores():
     rewarder, config = _rewarder("real")
     extra = rewarder.init()
     assert set(extra) == {"correction"}
-    record = _record(programs=["p"] * 7 + [""], causes=["ok"] * 7 + ["no_code"])
-    rewarder.choose_anchors(record, extra, jax.random.key(0))
-    np.testing.assert_array_equal(record.anchor_groups, [True, True])  # "real" runs all
-    record.real = np.array([0.1, 0.2, np.nan, 0.4, 0.5, 0.6, 0.7, np.nan], np.float32)
-    record.executed = np.isfinite(record.real)
-    record.partner = np.array([0.3] + [np.nan] * 7, np.float32)  # a second replicate
-    assert rewarder.correct(record, extra) is extra  # Nothing to update.
+    sampled = _sampled(programs=["p"] * 7 + [""], causes=["ok"] * 7 + ["no_code"])
+    anchors = rewarder.choose_anchors(sampled, None, extra, jax.random.key(0))
+    np.testing.assert_array_equal(anchors.groups, [True, True])  # "real" runs all
+    execution = _execution(
+        [0.1, 0.2, np.nan, 0.4, 0.5, 0.6, 0.7, np.nan],
+        partner=np.array([0.3] + [np.nan] * 7, np.float32),  # a second replicate
+    )
+    fed, out = rewarder.correct(sampled, None, anchors, execution, extra)
+    assert out is extra  # Nothing to update.
     floor = builder.reward_floors(config).invalid
     want = [0.2, 0.2, 0.0, 0.4, 0.5, 0.6, 0.7, floor]  # row 0: the replicates' mean
-    np.testing.assert_allclose(record.rewards, want, rtol=1e-6)
-    np.testing.assert_array_equal(record.valid, [1, 1, 0, 1, 1, 1, 1, 1])
+    np.testing.assert_allclose(fed.rewards, want, rtol=1e-6)
+    np.testing.assert_array_equal(fed.valid, [1, 1, 0, 1, 1, 1, 1, 1])
+    assert fed.debiased is None and fed.advantages is None and not fed.diagnostics
 
 
 def test_anchors_only_executes_every_group_it_sampled():
     rewarder, _ = _rewarder("anchors_only")
-    record = _record()
-    rewarder.choose_anchors(record, rewarder.init(), jax.random.key(0))
-    np.testing.assert_array_equal(record.anchor_groups, [True, True])
-    np.testing.assert_array_equal(record.anchor_weights, [1.0, 1.0])
+    anchors = rewarder.choose_anchors(_sampled(), None, rewarder.init(), jax.random.key(0))
+    np.testing.assert_array_equal(anchors.groups, [True, True])
+    np.testing.assert_array_equal(anchors.weights, [1.0, 1.0])
+    assert anchors.fraction is None
 
 
 def test_adaptive_rho_chooses_and_then_measures_out_of_sample():
     rewarder, config = _rewarder("wmrl_adaptive")
     extra = rewarder.init()
     assert set(extra) == {"correction", "rho"}
-    record = _record()
-    rewarder.choose_anchors(record, extra, jax.random.key(1))
+    sampled = _sampled()
+    anchors = rewarder.choose_anchors(sampled, None, extra, jax.random.key(1))
     # Before any error is measured ρ_t is the arm's own share (one group of two), clipped.
     assert config.anchors.adaptive.rho_max == 0.3
-    assert record.anchor_fraction == pytest.approx(0.3)
+    assert anchors.fraction == pytest.approx(0.3)
     # 0.3 x 2 = 0.6 groups, stochastically rounded.
-    assert record.anchor_groups.sum() in (0, 1) and record.anchor_weights.shape == (2,)
+    assert anchors.groups.sum() in (0, 1) and anchors.weights.shape == (2,)
     mean = np.linspace(0.1, 0.8, 8).astype(np.float32)
-    record.wm = WMOutput(mean, np.full(8, 0.01, np.float32), 0, 0)
-    record.real = np.where(np.arange(8) < G, mean + 0.1, np.nan).astype(np.float32)
-    record.executed = np.isfinite(record.real)
-    record.partner = np.full(8, np.nan, np.float32)
-    out = rewarder.correct(record, extra)
+    wm = WMOutput(mean, np.full(8, 0.01, np.float32), 0, 0)
+    execution = _execution(np.where(np.arange(8) < G, mean + 0.1, np.nan))
+    fed, out = rewarder.correct(sampled, wm, anchors, execution, extra)
     assert out is not extra and set(out) == {"correction", "rho"}
     assert int(out["rho"].steps) == 1 and int(extra["rho"].steps) == 0  # Not in place.
-    np.testing.assert_allclose(record.debiased, mean)  # Before the map saw an anchor.
-    assert record.valid.all() and np.isfinite(record.rewards).all()
-    assert record.correction  # The correction's diagnostics.
+    np.testing.assert_allclose(fed.debiased, mean)  # Before the map saw an anchor.
+    assert fed.valid.all() and np.isfinite(fed.rewards).all()
+    assert fed.diagnostics  # The correction's diagnostics.
+
+
+def test_stage_records_are_frozen():
+    rewarder, _ = _rewarder("real")
+    anchors = rewarder.choose_anchors(_sampled(), None, rewarder.init(), jax.random.key(0))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        anchors.groups = np.zeros(2, bool)
 
 
 @pytest.mark.parametrize("arm", ["wm_naive", "wmrl", "wmrl_memory"])
@@ -80,21 +96,18 @@ def test_forced_prediction_failures_are_masked_out_of_the_update(arm):
     infinite variance. Such rows are masked (not fed 0.0 or the buffer mean)."""
     remembered = lambda tasks, programs, g: (np.full(8, np.nan), np.zeros(8))
     config = override(tiny_cpu.get_config("runlocal"), arm=arm)
-    rewarder = Rewarder(config, arms.get(arm), builder.make_correction(config),
-                        remembered=remembered)  # fmt: skip
-    extra, record = rewarder.init(), _record()
-    record.anchor_groups = np.array([arms.get(arm).executes != "none", False])
-    record.anchor_weights = record.anchor_groups.astype(np.float32)
+    rewarder = Rewarder.from_config(config, arms.get(arm), builder.make_correction(config),
+                                    remembered=remembered)  # fmt: skip
+    groups = np.array([arms.get(arm).executes != "none", False])
+    anchors = Anchors(groups, groups.astype(np.float32))
     var = np.full(8, 0.01, np.float32)
     var[[0, 4, 5, 6, 7]] = np.inf  # forced failures; row 0 in the anchor group
-    record.wm = WMOutput(np.full(8, 0.5, np.float32), var, 0, 5)
-    record.executed = np.repeat(record.anchor_groups, G)
-    record.real = np.where(record.executed, 0.7, np.nan).astype(np.float32)
-    record.partner = np.full(8, np.nan, np.float32)
-    rewarder.correct(record, extra)
-    executed = bool(record.anchor_groups[0])
+    wm = WMOutput(np.full(8, 0.5, np.float32), var, 0, 5)
+    execution = _execution(np.where(np.repeat(groups, G), 0.7, np.nan))
+    fed, _ = rewarder.correct(_sampled(), wm, anchors, execution, rewarder.init())
+    executed = bool(groups[0])
     want = [executed and arm != "wm_naive", 1, 1, 1, 0, 0, 0, 0]
-    np.testing.assert_array_equal(record.valid, want)
+    np.testing.assert_array_equal(fed.valid, want)
 
 
 def _ref_adv(x):
@@ -113,23 +126,22 @@ def test_ppi_advantages_in_the_reward_stage_by_hand():
         cross=np.float32(0.5), wm_sq=np.float32(1.0), real_sq=np.float32(1.0),
         rows=np.float32(1000.0),
     )  # fmt: skip
-    record = _record(programs=["p"] * 7 + [""], causes=["ok"] * 7 + ["no_code"])
-    record.anchor_groups, record.anchor_weights = np.array([True, False]), np.array([1.0, 0.0])
+    sampled = _sampled(programs=["p"] * 7 + [""], causes=["ok"] * 7 + ["no_code"])
+    anchors = Anchors(np.array([True, False]), np.array([1.0, 0.0]))
     mean = np.array([0.2, 0.6, 0.4, 0.3, 0.5, 0.9, 0.1, 0.5], np.float32)
     var = np.full(8, 0.01, np.float32)
     var[5] = np.inf  # unusable
-    record.wm = WMOutput(mean, var, 0, 1)
-    record.real = np.array([0.1, 0.4, 0.3, 0.2] + [np.nan] * 4, np.float32)
-    record.executed, record.partner = np.isfinite(record.real), np.full(8, np.nan, np.float32)
-    out = rewarder.correct(record, extra)
+    wm = WMOutput(mean, var, 0, 1)
+    execution = _execution([0.1, 0.4, 0.3, 0.2] + [np.nan] * 4)
+    fed, out = rewarder.correct(sampled, wm, anchors, execution, extra)
     floor = builder.reward_floors(config).invalid
-    np.testing.assert_array_equal(record.valid, [1, 1, 1, 1, 1, 0, 1, 1])
-    a_real, a_wm0 = _ref_adv(record.real[:4]), _ref_adv(mean[:4])  # the map is empty: g = id
+    np.testing.assert_array_equal(fed.valid, [1, 1, 1, 1, 1, 0, 1, 1])
+    a_real, a_wm0 = _ref_adv(execution.real[:4]), _ref_adv(mean[:4])  # the map is empty: g = id
     a_wm1 = _ref_adv([mean[4], mean[6], floor])
     want = np.concatenate([0.5 * a_wm0 + 2 * (a_real - 0.5 * a_wm0), 0.5 * a_wm1[:1], [0.0],
                            0.5 * a_wm1[1:]])  # fmt: skip
-    np.testing.assert_allclose(record.advantages, want, rtol=1e-5, atol=1e-6)
-    assert record.correction["reliability"] == 0.5
+    np.testing.assert_allclose(fed.advantages, want, rtol=1e-5, atol=1e-6)
+    assert fed.diagnostics["reliability"] == 0.5
     assert float(out["reliability"].rows) == pytest.approx(0.95 * 1000 + 4)  # decay, 4 anchor rows
     weighted, _ = _rewarder("wmrl")
     assert weighted.init().keys() == {"correction"}  # and no advantages of its own

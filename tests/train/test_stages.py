@@ -9,6 +9,7 @@ from wmrl_jax.agents.base import Rollout, WMOutput
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.train import arms, stages
 from wmrl_jax.train.ledger import LedgerStep
+from wmrl_jax.train.records import Anchors, Execution, Fed, Sampled
 
 
 def _outcome(reward):
@@ -25,8 +26,10 @@ def test_step_tasks_is_a_pure_function_of_seed_and_step():
 
 
 def test_wm_free_arms_feed_real_scores_of_executed_rows_only():
-    real, executed = stages.real_rewards({1: _outcome(0.5), 2: _outcome(-0.5)}, 4)
+    ex = Execution.of({1: _outcome(0.5), 2: _outcome(-0.5)}, {}, {3: _outcome(0.25)}, num_rows=4)
+    real, executed = ex.real, ex.executed
     np.testing.assert_array_equal(executed, [False, True, True, False])
+    np.testing.assert_array_equal(ex.partner, np.float32([np.nan, np.nan, np.nan, 0.25]))
     rewards, valid = stages.wm_free_rewards(real, executed)
     np.testing.assert_array_equal(rewards, [0.0, 0.5, -0.5, 0.0])
     np.testing.assert_array_equal(valid, executed)
@@ -77,9 +80,9 @@ def test_step_metrics_count_missing_programs_and_wm_parse_causes():
     wm = WMOutput(np.array([0.5, np.nan, np.nan, 0.1], np.float32), np.ones(4, np.float32),
                   10, 0, causes, 3)  # fmt: skip
     record = stages.StepRecord(
-        1, [None], 4, rollout=ro, wm=wm, anchor_groups=np.array([False]), real=nan,
-        executed=np.zeros(4, bool), partner=nan, rewards=np.zeros(4, np.float32),
-        valid=np.ones(4, bool),
+        Sampled(1, (None,), 4, ro), wm, Anchors(np.array([False]), np.zeros(1, np.float32)),
+        Execution({}, {}, nan, np.zeros(4, bool), nan),
+        Fed(np.zeros(4, np.float32), np.ones(4, bool)),
     )  # fmt: skip
     m = stages.step_metrics(record, arms.get("wmrl"))
     assert (m["programs/none/no_code"], m["programs/none/empty"]) == (1.0, 1.0)
@@ -88,8 +91,10 @@ def test_step_metrics_count_missing_programs_and_wm_parse_causes():
         f"wm/parse_fail/{k}": float(v) for k, v in causes.items()
     }
     assert m["wm/clamped"] == 3.0
-    recipe = dataclasses.replace(record, rollout=Rollout(ro.programs, {}, 0), wm=wm._replace(
-        parse_causes={}))  # fmt: skip
+    recipe = dataclasses.replace(
+        record, sampled=Sampled(1, (None,), 4, Rollout(ro.programs, {}, 0)),
+        wm=wm._replace(parse_causes={}),
+    )  # fmt: skip
     assert not any(k.startswith(("programs/", "wm/parse_fail/", "wm/clamped"))
                    for k in stages.step_metrics(recipe, arms.get("wmrl")))  # fmt: skip
 

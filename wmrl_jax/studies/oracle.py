@@ -20,7 +20,7 @@ import numpy as np
 
 from wmrl_jax.core.stats import group_rank_correlation
 from wmrl_jax.train import stages
-from wmrl_jax.train.stages import StepRecord
+from wmrl_jax.train.records import StepRecord
 
 
 def _rank_corr(a: np.ndarray, b: np.ndarray, g: int) -> float:
@@ -52,13 +52,14 @@ def stream_errors(record: StepRecord, truth: np.ndarray) -> dict[str, float]:
     `oracle/anchor_error_corr` is the correlation of the first two errors,
     which the fusion's weights assume to be 0 (NaN where either is constant).
     """
-    if record.debiased is None:
+    ex, fed = record.execution, record.fed
+    if fed.debiased is None:
         return {}
-    real, _ = stages.wm_free_rewards(record.real, record.executed, record.partner)
-    rows = record.executed & np.isfinite(record.debiased) & np.isfinite(record.rewards)
+    real, _ = stages.wm_free_rewards(ex.real, ex.executed, ex.partner)
+    rows = ex.executed & np.isfinite(fed.debiased) & np.isfinite(fed.rewards)
     if rows.sum() < 2:
         return {}
-    streams = {"real": real, "wm": record.debiased, "fed": record.rewards}
+    streams = {"real": real, "wm": fed.debiased, "fed": fed.rewards}
     errors = {name: x[rows] - truth[rows] for name, x in streams.items()}
     metrics = {f"oracle/anchor_{name}_error_var": float(np.var(e)) for name, e in errors.items()}
     real_e, wm_e = errors["real"], errors["wm"]
@@ -91,8 +92,8 @@ def replay_oracle(source) -> Callable[[StepRecord], dict[str, float]]:
              for i, p in enumerate(record.rollout.programs)]
         )  # fmt: skip
         wm_mean = None if record.wm is None else record.wm.mean
-        executed.update(pairs[i] for i in record.outcomes)
-        metrics = oracle_metrics(record.rewards, record.valid, truth, wm_mean, g)
+        executed.update(pairs[i] for i in record.execution.results)
+        metrics = oracle_metrics(record.fed.rewards, record.fed.valid, truth, wm_mean, g)
         metrics.update(stream_errors(record, truth))
         if wm_mean is not None:
             # Out of sample: only programs never executed in this run (up to this step), so

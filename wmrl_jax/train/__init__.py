@@ -5,14 +5,18 @@ outcome source (`wmrl_jax.train.execution.OutcomeSource`) through declared
 protocols; it imports no concrete agent and no study.
 
 * `config`: `base_config`, `validate_config`, `override`, `ConfigError`;
+* `sections`: typed views of the sections that travel (agent, anchors, correction,
+  executor), read from the config at the boundary;
 * `arms`: the table of arms (`ARMS`), what each compared method executes and feeds;
 * `builder`: tasks, outcome source, agent, correction and optimizer from a config;
-* `stages`: one step as named stages, `StepRecord`;
+* `stages`: one step as named stages; `records`: what each stage returns (`Sampled`,
+  `Anchors`, `Execution`, `Fed`), composed into a frozen `StepRecord`;
 * `loop`: `Trainer`, `train_and_evaluate` (the run, its steps, checkpoints);
+  `progress`: the run's ledger, evaluations and step log;
 * `rewards`: a step's anchor choice and reward correction (`Rewarder`);
 * `resume`: the resume guard (which config changes a resumed run may make);
-* `execution`, `evaluation`: anchors executed with retries; the evaluation
-  schedule and held-out evaluation;
+* `execution`, `evaluation`: anchors executed with retries (`Executions`, the
+  step's execution stage); the evaluation schedule and held-out evaluation;
 * `overlap`: the next step's batch, sampled while this step's programs execute;
 * `state`, `loss`, `step`: `TrainState`, optimizer, mesh; the whole-batch GRPO
   loss by micro-batches; the sharded jitted `train_step`;

@@ -20,6 +20,7 @@ from wmrl_jax.envs import grading
 from wmrl_jax.envs.task import Task, check_unique_ids, load_task
 from wmrl_jax.train import arms
 from wmrl_jax.train.config import ConfigError, lora_settings
+from wmrl_jax.train.sections import CorrectionSection, ExecutorSection
 
 log = logging.getLogger(__name__)
 
@@ -172,16 +173,10 @@ def load_mle_bench_tasks(
 
 def make_correction(config: ml_collections.ConfigDict) -> RewardCorrection:
     """The reward correction of `config.arm` (its switches come from the table of arms)."""
-    c = config.correction
     return arms.make_correction(
         arms.get(config.arm),
-        capacity=c.capacity,
-        decay=c.decay,
-        real_var_prior=c.real_var_prior,
-        min_anchors=c.min_anchors,
-        wm_var=c.wm_var,
+        **CorrectionSection.of(config).kwargs(),
         local_features=agents.capabilities(config.agent.kind).program_features,
-        local_prior_count=c.local_prior_count,
     )
 
 
@@ -223,7 +218,7 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None, tasks=()):
         return outcomes_lib.ReplayExecutor(table, floors=floors), "replay"
     from wmrl_jax import sandbox
 
-    c = config.executor
+    c = ExecutorSection.of(config)
     try:
         executor, environment = EXECUTORS[kind](c)
     except sandbox.InfraError as e:
@@ -244,20 +239,20 @@ def make_outcomes(config: ml_collections.ConfigDict, *, table=None, tasks=()):
 # Executors of `config.executor.kind`: each builds a sandbox executor from
 # `config.executor` and names its environment for the logs; a backend that cannot
 # run raises `sandbox.InfraError` (reported as a `ConfigError`).
-def _docker_executor(c: ml_collections.ConfigDict):
+def _docker_executor(c: ExecutorSection):
     from wmrl_jax import sandbox
 
     return sandbox.DockerExecutor(c.image or None, **_run_kwargs(c), **_gpu_kwargs(c)), "docker"
 
 
-def _local_executor(c: ml_collections.ConfigDict):
+def _local_executor(c: ExecutorSection):
     from wmrl_jax import sandbox
 
     # Refuses where it cannot hide the grader-side data (no user namespaces).
     return sandbox.LocalExecutor(python=sys.executable, **_run_kwargs(c)), "local"
 
 
-def _auto_executor(c: ml_collections.ConfigDict):
+def _auto_executor(c: ExecutorSection):
     """Docker if it can run, else the local backend (which says what it isolates);
     with GPUs there is no local fallback."""
     from wmrl_jax import sandbox
@@ -268,7 +263,7 @@ def _auto_executor(c: ml_collections.ConfigDict):
     return executor, "local" if isinstance(executor, sandbox.LocalExecutor) else "docker"
 
 
-def _ray_executor(c: ml_collections.ConfigDict):
+def _ray_executor(c: ExecutorSection):
     """Executions fanned out over a Ray cluster's nodes, each running Docker."""
     import functools
 
@@ -285,7 +280,7 @@ def _ray_executor(c: ml_collections.ConfigDict):
     return executor, "ray"
 
 
-def _engines_executor(c: ml_collections.ConfigDict):
+def _engines_executor(c: ExecutorSection):
     """Executions fanned out over several Docker engines."""
     from wmrl_jax.sandbox.remote import EnginePool, engines_from_env
 
@@ -308,11 +303,11 @@ EXECUTORS = {
 }
 
 
-def _run_kwargs(c: ml_collections.ConfigDict) -> dict:
+def _run_kwargs(c: ExecutorSection) -> dict:
     return dict(max_workers=c.workers, timeout_s=c.timeout_s)
 
 
-def _fanout_kwargs(c: ml_collections.ConfigDict) -> dict:
+def _fanout_kwargs(c: ExecutorSection) -> dict:
     return dict(max_retries=c.infra_retries, deadline_s=c.deadline_s or None)
 
 
@@ -332,7 +327,7 @@ def check_workdir(path: str) -> None:
         raise ConfigError(f"--workdir {path!r} is not a writable directory: {e.strerror}") from e
 
 
-def _gpu_kwargs(c: ml_collections.ConfigDict) -> dict:
+def _gpu_kwargs(c: ExecutorSection) -> dict:
     """`DockerExecutor`'s GPU keywords from config.executor ({} without GPUs)."""
     if not c.gpus:
         return {}

@@ -22,6 +22,9 @@ the cache) are reported apart. A fresh execution of a program whose other
 replicate is already known comes back with that replicate as its *partner*:
 the pair estimates σ²_real, the real outcome noise the fusion weighs. The
 cache travels with the checkpoints.
+
+`Executions` is the trainer's execution stage: the source, the runner and the
+infrastructure watch, for the step's anchors and the held-out evaluations.
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ import numpy as np
 
 from wmrl_jax.envs.outcomes import Outcome
 from wmrl_jax.envs.task import Task
+from wmrl_jax.train import multihost
+from wmrl_jax.train.evaluation import InfraWatch, evaluate
+from wmrl_jax.train.ledger import LedgerStep
+from wmrl_jax.train.records import Anchors, Execution, Sampled
+from wmrl_jax.train.sections import ExecutorSection
 
 log = logging.getLogger(__name__)
 
@@ -253,3 +261,60 @@ class Runner:
             if rewards:
                 mean[i], count[i] = np.mean(rewards), len(rewards)
         return mean, count
+
+
+class Executions:
+    """The run's execution stage: the outcome source (shared across processes), the
+    `Runner` (replicates, cache, retries) and the infrastructure watch, together.
+
+    Args:
+      source: the outcome source (`multihost.SharedOutcomes`: process 0 executes).
+      executor: the executor settings (`sections.ExecutorSection`).
+      seed: the run seed (each program's first replicate).
+    """
+
+    def __init__(self, source, executor: ExecutorSection, *, seed: int):
+        self.source = source
+        self.runner = Runner(
+            source, retries=executor.infra_retries, on_infra_error=executor.on_infra_error,
+            cache=executor.cache, seed=seed,
+        )  # fmt: skip
+        self.watch = InfraWatch(executor.max_infra_steps)
+
+    def submit(self, sampled: Sampled, anchors: Anchors) -> dict:
+        """Starts the anchor groups' programs (`Runner.submit`)."""
+        return self.runner.submit(
+            list(sampled.tasks), sampled.rollout.programs, anchors.rows(sampled),
+            sampled.group_size,
+        )  # fmt: skip
+
+    def collect(self, sampled: Sampled, pending: dict, timing: LedgerStep) -> Execution:
+        """The execution stage's record: waits for `pending` with process 0's answers
+        everywhere, reports the infrastructure errors to the watch and charges the
+        executions, and the step's samples and generated tokens, to `timing`."""
+        g, tasks, programs = sampled.group_size, list(sampled.tasks), sampled.rollout.programs
+        got = self.source.exchange(lambda: self.runner.collect(pending, tasks, programs, g))
+        self.watch.observe(
+            attempts=got.executions, failed=got.counts["infra_errors"],
+            where=f"step {sampled.step}", message=self.runner.last_infra_message,
+        )  # fmt: skip
+        timing.add(
+            gen_tokens=sampled.rollout.gen_tokens, samples=sampled.num_rows,
+            executions=got.executions, exec_seconds=got.exec_seconds,
+            cached=got.counts["cached"],
+        )  # fmt: skip
+        return Execution.of(got.outcomes, got.counts, got.partners, num_rows=sampled.num_rows)
+
+    def evaluate(self, agent, params, tasks: Sequence[Task], *, samples: int, key) -> dict:
+        """A held-out evaluation (`evaluation.evaluate`), executed by process 0, its
+        infrastructure errors reported to the watch."""
+        result = evaluate(
+            agent, params, tasks, self.source.evaluation_source(), samples=samples, key=key,
+            retries=self.runner.retries,
+        )  # fmt: skip
+        result = multihost.agree(result)  # Executed on process 0.
+        self.watch.observe(
+            attempts=int(result["eval/executions"]), failed=int(result["eval/infra_errors"]),
+            where="a held-out evaluation",
+        )  # fmt: skip
+        return result

@@ -2,28 +2,29 @@
 
     summary = train_and_evaluate(config, workdir)
 
-One step (`Trainer._step`, its stages in `wmrl_jax.train.stages`):
+One step (`Trainer._step`), each stage returning its own record
+(`wmrl_jax.train.records`), composed into the step's `StepRecord`:
 
-1. sample `tasks_per_step` train tasks (a pure function of the seed and the
-   step, so the task iterator's position is the step);
-2. the agent samples G programs per task;
-3. the arm (`wmrl_jax.train.arms`, `wmrl_jax.train.rewards`) decides which
-   groups are executed — all, the anchors (a fraction ρ, at least one) or
-   none — and they go to the outcome source at once; the world-model pass
-   over all groups runs while they execute. A sample without a program
-   (`Rollout.causes`) is an invalid outcome known without running anything:
-   never executed nor shown to the world model, charged nothing, fed the
-   invalid floor in every arm;
-4. outcomes come back: timeouts and crashes are rewards; infrastructure
-   errors are retried, then handled as `executor.on_infra_error` says;
-   non-finite rewards are rejected and counted;
-5. the reward correction (Online Debiasing, IVD: `wmrl_jax.train.rewards`)
-   turns predictions and anchor scores into the rewards fed to GRPO; rows
-   without a usable reward are masked out of the group statistics and the
-   loss; the sharded train step (`wmrl_jax.train.step`) updates the policy;
-6. the ledger, metrics, step hooks, checkpoints and (every `eval_every`
-   steps, or on the compute budget's grid: `evaluation.EvalSchedule`) a
-   held-out evaluation (`wmrl_jax.train.evaluation`).
+1. `tasks_per_step` train tasks, a pure function of the seed and the step (so
+   the task iterator's position is the step); the agent samples G programs per
+   task (`records.Sampled`);
+2. the arm (`wmrl_jax.core.arms`, `wmrl_jax.train.rewards`) chooses the groups
+   executed — all, the anchors (a fraction ρ, at least one) or none
+   (`records.Anchors`) — and they go to the outcome source at once; the
+   world-model pass (`world_models.Predictor`) runs while they execute. A sample
+   without a program (`Rollout.causes`) is an invalid outcome known without
+   running anything: never executed nor shown to the world model, charged
+   nothing, fed the invalid floor in every arm;
+3. outcomes come back (`records.Execution`): timeouts and crashes are rewards;
+   infrastructure errors are retried, then handled as `executor.on_infra_error`
+   says; non-finite rewards are rejected and counted;
+4. the reward correction (Online Debiasing, IVD) turns predictions and anchor
+   scores into the rewards fed to GRPO (`records.Fed`); rows without a usable
+   reward are masked out; the sharded train step (`wmrl_jax.train.step`)
+   updates the policy;
+5. the ledger (`progress.Progress`), metrics, step hooks, checkpoints and (every
+   `eval_every` steps, or on the compute budget's grid: `evaluation.EvalSchedule`)
+   a held-out evaluation (`wmrl_jax.train.evaluation`).
 
 A run resumes from its workdir's latest checkpoint, once the resume guard
 (`wmrl_jax.train.resume`) has checked that the checkpoints are its own.
@@ -49,32 +50,24 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from wmrl_jax import agents
-from wmrl_jax.train import (
-    arms,
-    builder,
-    cost,
-    distributed,
-    multihost,
-    overlap,
-    resume,
-    stages,
-    world_models,
-)
+from wmrl_jax.train import arms, builder, cost, distributed, multihost, overlap, resume, stages
 from wmrl_jax.train import mesh as mesh_lib
 from wmrl_jax.train import state as state_lib
 from wmrl_jax.train import step as step_lib
 from wmrl_jax.train.checkpoint import Checkpointer, export_hf
 from wmrl_jax.train.config import validate_config
 from wmrl_jax.train.console import Console
-from wmrl_jax.train.evaluation import EvalSchedule, InfraWatch, evaluate
-from wmrl_jax.train.execution import Runner
-from wmrl_jax.train.ledger import Ledger, LedgerStep, Timer
+from wmrl_jax.train.evaluation import EvalSchedule
+from wmrl_jax.train.execution import Executions
+from wmrl_jax.train.ledger import LedgerStep, Timer
 from wmrl_jax.train.lock import WorkdirLock
+from wmrl_jax.train.progress import Progress
+from wmrl_jax.train.records import Execution, Sampled, StepRecord
 from wmrl_jax.train.rewards import Rewarder
-from wmrl_jax.train.stages import StepRecord
+from wmrl_jax.train.sections import AgentSection, ExecutorSection
+from wmrl_jax.train.world_models import Predictor
 from wmrl_jax.train.writer import MetricWriter
 
 log = logging.getLogger(__name__)
@@ -125,126 +118,100 @@ class Trainer:
         self.arm = arms.get(config.arm)
         self.hooks = tuple(hooks)
         self.console = Console(enabled=console and primary)
+        agent, executor = AgentSection.of(config), ExecutorSection.of(config)
         if config.tasks.source == "builtin":
             self.console.note("tasks: the built-in suite (built once per version, a few minutes)")
         with multihost.primary_first("tasks"):  # A suite built once, then read.
             self.tasks = builder.load_tasks(config)
         self.key, model_key = jax.random.split(jax.random.key(config.seed))
-        self.mesh = step_lib.make_mesh_from_config(config.mesh)
-        multihost.check_mesh(self.mesh)
-        # Device-seconds are charged on accelerators only: wall seconds x the mesh's chips.
-        self.accelerators = 0 if jax.default_backend() == "cpu" else int(self.mesh.devices.size)
+        mesh = step_lib.make_mesh_from_config(config.mesh)
+        multihost.check_mesh(mesh)
         batch_sizes = None
         if prebuilt is None:
-            self.console.note(f"agent: {config.agent.kind} (with its warm start, if any)")
-            batch_sizes = self._memory_plan(config)
+            self.console.note(f"agent: {agent.kind} (with its warm start, if any)")
+            batch_sizes = self._memory_plan(config, agent, mesh)
         self.built = prebuilt or builder.build_agent(
-            config, self.tasks, model_key, mesh=self.mesh, batch_sizes=batch_sizes
+            config, self.tasks, model_key, mesh=mesh, batch_sizes=batch_sizes
         )
         self.agent = self.built.agent
-        self.world_model = world_models.make(config, self.agent)  # `config.world_model.kind`
         environment = ""
         if outcomes is None and primary:  # Only process 0 executes (`multihost`).
-            self.console.note(f"outcomes: executor {config.executor.kind}")
+            self.console.note(f"outcomes: executor {executor.kind}")
             # The tasks' grader side is part of the source's fingerprint: a resume after
             # an edit of answers or boards is refused by the resume guard.
             tasks = [*self.tasks.train, *self.tasks.heldout, *self.tasks.pretrain]
             outcomes, environment = builder.make_outcomes(config, tasks=tasks)
-        self.source = multihost.SharedOutcomes(outcomes, environment=environment)
-        self.infra_watch = InfraWatch(config.executor.max_infra_steps)
-        self.environment = self.source.environment
-        self.runner = Runner(
-            self.source, retries=config.executor.infra_retries,
-            on_infra_error=config.executor.on_infra_error, cache=config.executor.cache,
+        self.executions = Executions(
+            multihost.SharedOutcomes(outcomes, environment=environment), executor,
             seed=config.seed,
         )  # fmt: skip
-        self.correction = builder.make_correction(config)
-        self.rewarder = Rewarder(config, self.arm, self.correction,
-                                 remembered=self.runner.remembered)  # fmt: skip
-        self.cost_model = cost.from_config(config)
-        self.optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
+        self.rewarder = Rewarder.from_config(
+            config, self.arm, builder.make_correction(config),
+            remembered=self.executions.runner.remembered,
+        )  # fmt: skip
+        optimizer = step_lib.make_optimizer(builder.optimizer_config(config))
         self.train_step = step_lib.make_train_step(
-            self.built.graphdef, self.optimizer, config.train, self.mesh
+            self.built.graphdef, optimizer, config.train, mesh
         )
-        self.state = self._init_state(self.built.params)
-        self.ledger = Ledger()
-        self.history: list[dict] = []
-        self.last_metrics: dict[str, float] = {}
-        self.step_log: list[dict] = []
+        self.state = self._init_state(self.built.params, optimizer, mesh)
+        # Device-seconds are charged on accelerators only: wall seconds x the mesh's chips.
+        accelerators = 0 if jax.default_backend() == "cpu" else int(mesh.devices.size)
+        self.progress = Progress(accelerators, cost.from_config(config))
         self.checkpointer = Checkpointer(
-            os.path.join(workdir, "checkpoints"),
-            keep=config.checkpoint.keep,
-            best_metric="eval/heldout_percentile",
-            best_mode="max",
-        )
+            os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
+            best_metric="eval/heldout_percentile", best_mode="max",
+        )  # fmt: skip
         self._ahead: overlap.Ahead | None = None  # The next step's batch (`config.overlap`).
         self.start_step = self._maybe_restore()
-        # "initial": the world model is the starting backbone, frozen; "current": the
-        # policy's own params (the same weights answer both prompts, and drift with RL).
-        self.wm_params = (
-            jax.tree.map(lambda x: jnp.array(x, copy=True), self.built.params)
-            if config.agent.wm_params == "initial"
-            else None
-        )
+        self.world_model = Predictor.of(config, self.agent, self.built.params)
 
-    def _memory_plan(self, config) -> dict[str, int] | None:
+    def _memory_plan(self, config, agent: AgentSection, mesh) -> dict[str, int] | None:
         """Generation batch sizes from the memory plan (LLM agents); problems as notes."""
-        if not agents.capabilities(config.agent.kind).memory_plan:
+        if not agents.capabilities(agent.kind).memory_plan:
             return None
-        plan = mesh_lib.plan_run(config, devices=list(self.mesh.devices.flat), unsharded_load=False)
+        plan = mesh_lib.plan_run(config, devices=list(mesh.devices.flat), unsharded_load=False)
         for problem in plan.problems:
             self.console.note(f"memory plan: {problem}")
         return plan.batch_sizes()
 
-    def _init_state(self, params):
+    def _init_state(self, params, optimizer, mesh):
         # A copy: the state is donated to the train step, the run's key is not.
         key_data = jnp.array(jax.random.key_data(self.key), copy=True)
         extra = {**self.rewarder.init(), "key": key_data}
         # Distinct buffers per leaf: the state is donated, and init may share constants.
         extra = jax.tree.map(lambda x: jnp.array(x, copy=True), extra)
         state = step_lib.init_train_state(
-            params, self.optimizer, kl_coef=self.config.train.loss.kl_coef, extra=extra
+            params, optimizer, kl_coef=self.config.train.loss.kl_coef, extra=extra
         )
-        return step_lib.shard_state(state, self.mesh)
+        return step_lib.shard_state(state, mesh)
 
     @property
     def fingerprint(self) -> str | None:
         """What decides the outcome source's answers (a replay table's digest), or None."""
-        return self.source.fingerprint
+        return self.executions.source.fingerprint
+
+    @property
+    def environment(self) -> str:
+        """Where programs run, in a word for the logs ("docker", "local", "replay", ...)."""
+        return self.executions.source.environment
 
     def _evaluate(self) -> dict[str, float]:
         key = jax.random.fold_in(self.key, -1 % 2**31)  # The same draws at every evaluation.
-        result = evaluate(
-            self.agent, self.state.params, self.tasks.heldout, self.source.evaluation_source(),
-            samples=self.config.eval_samples, key=key, retries=self.config.executor.infra_retries,
+        return self.executions.evaluate(
+            self.agent, self.state.params, self.tasks.heldout, samples=self.config.eval_samples,
+            key=key,
         )  # fmt: skip
-        result = multihost.agree(result)  # Executed on process 0.
-        self.infra_watch.observe(
-            attempts=int(result["eval/executions"]), failed=int(result["eval/infra_errors"]),
-            where="a held-out evaluation",
-        )  # fmt: skip
-        return result
 
     # -- checkpoints -------------------------------------------------------
     def _maybe_restore(self) -> int:
-        if self.checkpointer.latest_step() is None:
+        restored = resume.restore(
+            self.checkpointer, self.state, self.config, fingerprint=self.fingerprint
+        )
+        if restored is None:
             return 0
-        # Under LoRA a checkpoint holds the adapters; the frozen base is the loaded one.
-        abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-            if isinstance(x, jax.Array) else x,
-            state_lib.checkpoint_view(self.state),
-        )  # fmt: skip
-        resume.check_resumable(  # Before reading any state.
-            self.checkpointer.meta(), self.config, fingerprint=self.fingerprint,
-            directory=self.checkpointer.directory,
-        )  # fmt: skip
-        restored, meta = self.checkpointer.restore(abstract_state=abstract)
-        self.state = state_lib.from_checkpoint(self.state, restored)
-        self.ledger = Ledger.from_dict(meta["ledger"])
-        self.history = list(meta.get("history", []))
-        self.step_log = list(meta.get("steps", []))
-        self.runner.restore_cache(meta.get("execution_cache", []))
+        self.state, meta = restored
+        self.progress.restore(meta)
+        self.executions.runner.restore_cache(meta.get("execution_cache", []))
         self._ahead = overlap.decode(meta["ahead"]) if "ahead" in meta else None
         step = int(meta["step"])
         log.info("resumed from step %d (%s)", step, self.checkpointer.directory)
@@ -253,13 +220,11 @@ class Trainer:
     def _save(self, step: int, metrics: dict, *, force: bool = False) -> None:
         meta = {
             "step": step,
-            "ledger": self.ledger.to_dict(),
-            "history": self.history,
-            "steps": self.step_log,
+            **self.progress.to_meta(),
             "task_iterator": {"seed": int(self.config.seed), "next_step": step},
             "config": self.config.to_json_best_effort(),
             "outcomes_fingerprint": self.fingerprint,
-            "execution_cache": self.runner.cache_state(),
+            "execution_cache": self.executions.runner.cache_state(),
         }
         if self._ahead is not None:  # The next step trains on it: it travels with the state.
             meta["ahead"] = overlap.encode(self._ahead)
@@ -268,35 +233,31 @@ class Trainer:
 
     # -- one step, stage by stage --------------------------------------------
     def _step(self, step: int) -> dict[str, float]:
-        c = self.config
+        c, extra = self.config, self.state.extra
         k_roll, k_anchor, k_wm, k_train = self._step_keys(step)
         tasks = self._step_tasks(step, k_anchor)
-        record = StepRecord(step, tasks, c.group_size)
         timing = LedgerStep()
-        record.rollout, stale = self._rollout(step, tasks, k_roll, timing)
+        rollout, stale = self._rollout(step, tasks, k_roll, timing)
+        sampled = Sampled(step, tuple(tasks), c.group_size, rollout, stale)
+        wm = None
         if self.arm.world_model and self.rewarder.anchor_policy != "random":
-            self._world_model(record, k_wm, timing)  # The choice needs the predictions.
-        self.rewarder.choose_anchors(record, self.state.extra, k_anchor)
-        pending = self.runner.submit(tasks, record.rollout.programs, self._anchor_rows(record),
-                                     c.group_size)  # fmt: skip
-        if self.arm.world_model and record.wm is None:
-            self._world_model(record, k_wm, timing)  # Runs while the anchors execute.
+            wm = self._predict(sampled, k_wm, timing)  # The choice needs the predictions.
+        anchors = self.rewarder.choose_anchors(sampled, wm, extra, k_anchor)
+        pending = self.executions.submit(sampled, anchors)
+        if self.arm.world_model and wm is None:
+            wm = self._predict(sampled, k_wm, timing)  # Runs while the anchors execute.
         if c.overlap and step < c.num_steps and overlap.executing(pending):
             self._sample_ahead(step + 1)  # So does the next step's batch.
-        self._collect(record, pending, timing)
-        self.state = self.state.replace(extra=self.rewarder.correct(record, self.state.extra))
-        metrics = self._update(record, k_train, timing)
-        # Process 0's seconds: the compute budget stops every process at the same step.
-        ledger = timing.ledger().with_device_seconds(self.accelerators)
-        record.ledger = Ledger.from_dict(multihost.agree(ledger.to_dict()))
-        self.ledger = self.ledger.add(record.ledger)
+        execution = self._collect(sampled, pending, timing)
+        fed, extra = self.rewarder.correct(sampled, wm, anchors, execution, extra)
+        self.state = self.state.replace(extra=extra)
+        metrics = self._update(sampled, execution, fed, k_train, timing)
+        ledger, ledger_metrics = self.progress.add_step(timing.ledger())
+        record = StepRecord(sampled, wm, anchors, execution, fed, ledger)
         metrics.update(stages.step_metrics(record, self.arm))
         if c.overlap:  # 1: this step trained on a batch sampled before the last update.
             metrics["overlap/stale"] = float(stale)
-        metrics.update({f"ledger/{k}": float(v) for k, v in self.ledger.to_dict().items()})
-        metrics["ledger/compute_seconds"] = float(self.ledger.compute_seconds)
-        if self.cost_model is not None:
-            metrics["ledger/modelled_compute_seconds"] = self.cost_model.seconds(self.ledger)
+        metrics.update(ledger_metrics)
         for hook in self.hooks:
             metrics.update(hook(record))
         return metrics
@@ -334,64 +295,24 @@ class Trainer:
             key=k_roll,
         )  # fmt: skip
 
-    def _world_model(self, record: StepRecord, key, timing: LedgerStep) -> None:
-        params = self.state.params if self.wm_params is None else self.wm_params
-        with timing.timed("wm_seconds"):
-            record.wm = self.world_model.predict(params, record.tasks, record.rollout, key=key)
-        asked = int(np.sum(~stages.no_program_rows(record.rollout)))  # rows with a program
-        timing.add(wm_tokens=record.wm.wm_tokens, wm_rows=asked)
-        if asked and record.wm.parse_failures == asked:
-            log.warning(
-                "step %d: the world model produced no usable prediction; rewards come "
-                "from anchors only (the other rows are masked out of the update)",
-                record.step,
-            )
+    def _predict(self, sampled: Sampled, key, timing: LedgerStep):
+        return self.world_model.predict(self.state.params, sampled, key, timing)
 
-    @staticmethod
-    def _anchor_rows(record: StepRecord) -> np.ndarray:
-        """The anchor groups' rows that hold a program (the others have nothing to run)."""
-        rows = np.flatnonzero(np.repeat(record.anchor_groups, record.group_size))
-        return rows[~stages.no_program_rows(record.rollout)[rows]]
+    def _collect(self, sampled: Sampled, pending: dict, timing: LedgerStep) -> Execution:
+        execution = self.executions.collect(sampled, pending, timing)
+        g, programs = sampled.group_size, sampled.rollout.programs
+        for i, out in execution.results.items():  # In-context anchors for later WM prompts.
+            self.agent.observe(sampled.tasks[i // g], programs[i], out)
+        return execution
 
-    def _collect(self, record: StepRecord, pending: dict, timing: LedgerStep) -> None:
-        g, programs = record.group_size, record.rollout.programs
-        got = self.source.exchange(lambda: self.runner.collect(pending, record.tasks, programs, g))
-        record.outcomes, record.exec_counts = got.outcomes, got.counts
-        self.infra_watch.observe(
-            attempts=got.executions, failed=got.counts["infra_errors"],
-            where=f"step {record.step}", message=self.runner.last_infra_message,
-        )  # fmt: skip
-        record.partner = stages.partner_rewards(got.partners, record.num_rows)
-        for i, out in record.outcomes.items():  # In-context anchors for later WM prompts.
-            self.agent.observe(record.tasks[i // g], programs[i], out)
-        record.real, record.executed = stages.real_rewards(record.outcomes, record.num_rows)
-        timing.add(
-            gen_tokens=record.rollout.gen_tokens,
-            samples=record.num_rows,
-            executions=got.executions,
-            exec_seconds=got.exec_seconds,
-            cached=got.counts["cached"],
-        )
-
-    def _update(self, record: StepRecord, key, timing: LedgerStep) -> dict[str, float]:
+    def _update(self, sampled: Sampled, execution: Execution, fed, key, timing: LedgerStep):
+        """The update stage: the train step on the fed rewards; returns its metrics."""
         c = self.config
-        adv = record.advantages  # Set by arms that form their own (wmrl_ppi, wmrl_weighted).
-        if adv is None:
-            adv = stages.advantages(record.rewards, record.valid, c.group_size, c.advantage)
-        batch = stages.policy_batch(record.rollout, adv, record.valid)
-        if c.train.loss.aux_coef:  # The backbone keeps learning outcomes from executions.
-            batch.update(
-                self.agent.aux_batch(record.tasks, record.rollout, record.real, record.executed)
-            )
-        # Rows out of the loss (masked) cost nothing: an implementation would drop them.
-        trained = float(batch["attention_mask"][record.valid].sum())
-        rows = float(record.valid.sum())
-        if "aux_tokens" in batch:  # The world model's own sequences (those with a target).
-            aux_rows = batch["aux_mask"].any(axis=1)
-            trained += float(aux_rows.sum() * batch["aux_tokens"].shape[1])
-            rows += float(aux_rows.sum())
-        epochs = c.train.num_epochs
-        timing.add(train_tokens=trained * epochs, train_rows=rows * epochs)
+        aux = self.agent.aux_batch if c.train.loss.aux_coef else None
+        batch = stages.update_batch(
+            sampled, execution, fed, advantage=c.advantage, epochs=c.train.num_epochs,
+            aux_batch=aux, timing=timing,
+        )  # fmt: skip
         if jax.process_count() > 1:  # The same batch everywhere: each process gives its rows.
             batch = multihost.place_batch(batch, self.train_step)
         with timing.timed("train_seconds"):
@@ -407,7 +328,7 @@ class Trainer:
           until: stop after this step (checkpointing it), as a preempted job would;
             a later `run()` on the same workdir resumes.
         """
-        c = self.config
+        c, progress = self.config, self.progress
         last = c.num_steps if until is None else min(until, c.num_steps)
         schedule = EvalSchedule(c)
         primary = distributed.is_primary()
@@ -423,20 +344,19 @@ class Trainer:
         try:
             if self.start_step == 0:
                 ev = self._evaluate()
-                self.history.append({"step": 0, **self.ledger.to_dict(), **ev})
+                progress.log_evaluation(0, ev)
                 writer.write(0, ev)
                 self.console.evaluation(0, ev)
             step = self.start_step
-            while step < last and not schedule.spent(self.ledger):
+            while step < last and not schedule.spent(progress.ledger):
                 step += 1
                 metrics = self._step(step)
-                self.last_metrics = metrics
-                self.step_log.append({"step": step, **metrics})
-                final = step == c.num_steps or schedule.spent(self.ledger)
-                if final or schedule.due(step, self.ledger, self.history):
+                progress.log_step(step, metrics)
+                final = step == c.num_steps or schedule.spent(progress.ledger)
+                if final or schedule.due(step, progress.ledger, progress.history):
                     ev = self._evaluate()
                     metrics.update(ev)
-                    self.history.append({"step": step, **self.ledger.to_dict(), **ev})
+                    progress.log_evaluation(step, ev)
                 writer.write(step, metrics)
                 self.console.step(step, metrics)
                 if step % c.checkpoint.every == 0 or step == last or final:
@@ -445,7 +365,7 @@ class Trainer:
                     best = {"eval/heldout_percentile": pct} if math.isfinite(pct) else None
                     self._save(step, best, force=step == last or final)
             self.checkpointer.wait()
-            if c.checkpoint.export_hf and (step == c.num_steps or schedule.spent(self.ledger)):
+            if c.checkpoint.export_hf and (step == c.num_steps or schedule.spent(progress.ledger)):
                 self.export_policy(os.path.join(self.workdir, "policy_hf"))
         finally:
             writer.close()
@@ -464,20 +384,7 @@ class Trainer:
 
     def summary(self) -> dict:
         """Held-out percentile before and after, the ledger, the last calibration."""
-        first, last = self.history[0], self.history[-1]
-        return {
-            "arm": self.config.arm,
-            "environment": self.environment,
-            "heldout_before": first["eval/heldout_percentile"],
-            "heldout_after": last["eval/heldout_percentile"],
-            "ledger": self.ledger.to_dict(),
-            "compute_seconds": self.ledger.compute_seconds,
-            "calibration": {
-                k: v for k, v in self.last_metrics.items() if k.startswith("correction/")
-            },
-            "history": self.history,
-            "steps": self.step_log,
-        }
+        return self.progress.summary(arm=self.config.arm, environment=self.environment)
 
     def close(self) -> None:
         """Closes the outcome source (its executors and sandboxes), the checkpoints and
@@ -486,8 +393,8 @@ class Trainer:
             return
         self._closed = True
         try:
-            if getattr(self, "source", None) is not None:
-                self.source.close()  # First: it stops the programs still running.
+            if getattr(self, "executions", None) is not None:
+                self.executions.source.close()  # First: it stops the programs still running.
         finally:
             try:
                 if getattr(self, "checkpointer", None) is not None:

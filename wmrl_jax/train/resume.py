@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 
+import jax
 import ml_collections
 
+from wmrl_jax.train import state as state_lib
 from wmrl_jax.train.config import base_config
 
-__all__ = ["RESUMABLE_KEYS", "ResumeError", "check_resumable", "resume_mismatch"]
+__all__ = ["RESUMABLE_KEYS", "ResumeError", "check_resumable", "restore", "resume_mismatch"]
 
 # Config keys (dotted) a resumed run may change: how long it trains, how often it
 # evaluates, which checkpoints it keeps, how many programs run at once and when
@@ -93,3 +95,29 @@ def check_resumable(
             f"({'; '.join(why)}): resume with the same config and outcome source, "
             "or start in a fresh workdir"
         )
+
+
+def restore(checkpointer, state, config: ml_collections.ConfigDict, *, fingerprint: str | None):
+    """`(state, meta)` of the latest checkpoint, once `check_resumable` has passed; None
+    without a checkpoint.
+
+    Args:
+      checkpointer: the run's `checkpoint.Checkpointer`.
+      state: the freshly initialised train state (its shapes and shardings are the
+        restored state's; under LoRA a checkpoint holds the adapters and the frozen
+        base stays the loaded one).
+      config: the config of the run that would resume.
+      fingerprint: its outcome source's fingerprint.
+    """
+    if checkpointer.latest_step() is None:
+        return None
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        if isinstance(x, jax.Array) else x,
+        state_lib.checkpoint_view(state),
+    )  # fmt: skip
+    check_resumable(  # Before reading any state.
+        checkpointer.meta(), config, fingerprint=fingerprint, directory=checkpointer.directory
+    )
+    restored, meta = checkpointer.restore(abstract_state=abstract)
+    return state_lib.from_checkpoint(state, restored), meta

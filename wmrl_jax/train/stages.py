@@ -2,19 +2,18 @@
 
     rollout → world-model pass → anchor choice → execution → correction → update → ledger
 
-`Trainer._step` (`wmrl_jax.train.loop`) calls them in this order and keeps
-what each produced in a `StepRecord`; step hooks (the studies' oracle
-metrics) read the finished record. The stages here are the pure or host-only
-parts: what goes into the fed rewards, which rows count, the advantages, the
-step's metrics.
+`Trainer._step` (`wmrl_jax.train.loop`) calls them in this order; each stage
+returns its own record (`wmrl_jax.train.records`) and the step composes them
+into a `StepRecord`, which step hooks (the studies' oracle metrics) read. The
+stages here are the pure or host-only parts: what goes into the fed rewards,
+which rows count, the advantages, the step's metrics.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,65 +25,16 @@ from wmrl_jax.core import arms as core_arms
 from wmrl_jax.core import grpo
 from wmrl_jax.envs.task import Task
 from wmrl_jax.train.arms import Arm
-from wmrl_jax.train.ledger import Ledger, LedgerStep
+from wmrl_jax.train.ledger import LedgerStep
+from wmrl_jax.train.records import Execution, Fed, Sampled, StepRecord, no_program_rows
+
+__all__ = [
+    "StepRecord", "advantages", "charge_rollout", "finite_rows", "group_scores",
+    "no_program_rows", "policy_batch", "step_metrics", "step_tasks", "task_ids", "update_batch",
+    "wm_free_rewards", "with_no_program_rows",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class StepRecord:
-    """What one step produced, stage by stage (host numpy, rows task-major).
-
-    Attributes:
-      step: the step number (1-based).
-      tasks: the step's tasks; row i belongs to tasks[i // group_size].
-      group_size: G.
-      rollout: the sampled programs and their train batch.
-      wm: world-model predictions, None for arms without a world model.
-      anchor_groups: bool [num_groups], the groups executed for real.
-      anchor_weights: [num_groups] the weight of each anchor group's pairs in
-        the map's fit (1/π under the "active" policy, else 1).
-      anchor_fraction: ρ_t of an adaptive-ρ arm (`wmrl_jax.core.rho`), else None.
-      outcomes: {row: Outcome} of the executions that count.
-      exec_counts: infrastructure errors, dropped rows and rejected rewards.
-      real: [N] real rewards, NaN where not executed.
-      executed: [N] bool, rows with a real reward.
-      partner: [N] another replicate's real reward of the row's program, NaN
-        where none (see `execution.Collected.partners`).
-      debiased: [N] the world model's predictions under the map fitted before
-        this step (the WM-only stream), None without a world model.
-      rewards: [N] the rewards fed to GRPO.
-      valid: [N] bool, rows that enter the group statistics and the loss.
-      advantages: [N] the advantages of an arm that forms its own
-        (`Arm.estimator` "ppi" or "weighted", `wmrl_jax.core.ppi`); None: the
-        group advantages of ``rewards`` (`advantages`).
-      correction: the correction's diagnostics (empty without a world model).
-      ledger: the step's compute.
-    """
-
-    step: int
-    tasks: list[Task]
-    group_size: int
-    rollout: Rollout | None = None
-    wm: WMOutput | None = None
-    anchor_groups: np.ndarray | None = None
-    anchor_weights: np.ndarray | None = None
-    anchor_fraction: float | None = None
-    outcomes: dict = dataclasses.field(default_factory=dict)
-    exec_counts: dict = dataclasses.field(default_factory=dict)
-    real: np.ndarray | None = None
-    executed: np.ndarray | None = None
-    partner: np.ndarray | None = None
-    debiased: np.ndarray | None = None
-    rewards: np.ndarray | None = None
-    valid: np.ndarray | None = None
-    advantages: np.ndarray | None = None
-    correction: dict = dataclasses.field(default_factory=dict)
-    ledger: Ledger = Ledger()
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.rollout.programs)
 
 
 def charge_rollout(timing: LedgerStep, rollout: Rollout, seconds: float) -> None:
@@ -113,17 +63,19 @@ def step_tasks(tasks: Sequence[Task], *, seed: int, step: int, count: int) -> li
     return [tasks[i] for i in sorted(idx)]
 
 
-def group_scores(record: StepRecord, score: str, debiased: np.ndarray | None) -> np.ndarray:
+def group_scores(
+    sampled: Sampled, wm: WMOutput, score: str, debiased: np.ndarray | None
+) -> np.ndarray:
     """Per-group anchor scores of shape [num_groups], over rows holding a program.
 
     "uncertainty": the group's mean WM variance (inf where a prediction is
     unusable: most uncertain); "exploit": the group's best debiased
     prediction. A group without any program scores -inf (nothing to run).
     """
-    g = record.group_size
-    missing = no_program_rows(record.rollout).reshape(-1, g)
+    g = sampled.group_size
+    missing = sampled.no_program.reshape(-1, g)
     if score == "uncertainty":
-        values = np.asarray(record.wm.var, np.float64).reshape(-1, g)
+        values = np.asarray(wm.var, np.float64).reshape(-1, g)
         values = np.where(np.isnan(values), np.inf, values)
         pool = np.mean
     else:
@@ -142,34 +94,6 @@ def task_ids(tasks: Sequence[Task], g: int) -> np.ndarray:
     correction's "same task"."""
     ids = [zlib.crc32(str(t.id).encode()) & 0x7FFFFFFF for t in tasks]
     return np.repeat(np.asarray(ids, np.int64), g).astype(np.int32)
-
-
-def real_rewards(outcomes: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """`(real, executed)` of shape [n]: each executed row's reward, NaN elsewhere."""
-    real = np.full(n, np.nan, np.float32)
-    executed = np.zeros(n, bool)
-    for i, out in outcomes.items():
-        real[i], executed[i] = out.reward, True
-    return real, executed
-
-
-def partner_rewards(partners: dict, n: int) -> np.ndarray:
-    """[n]: each row's partner replicate reward, NaN where it has none."""
-    out = np.full(n, np.nan, np.float32)
-    for i, p in partners.items():
-        out[i] = p.reward
-    return out
-
-
-def no_program_rows(rollout: Rollout) -> np.ndarray:
-    """[N] bool: rows whose sample holds no program (`Rollout.causes`).
-
-    Such a row is an invalid outcome known without running anything: it is never
-    submitted, charged nothing, and fed the invalid floor in every arm.
-    """
-    if not rollout.causes:
-        return np.zeros(len(rollout.programs), bool)
-    return np.array([c != "ok" for c in rollout.causes], bool)
 
 
 def with_no_program_rows(
@@ -225,25 +149,59 @@ def policy_batch(rollout: Rollout, adv: np.ndarray, valid: np.ndarray) -> dict[s
     return dict(rollout.batch, advantages=adv, loss_mask=loss_mask)
 
 
+def update_batch(
+    sampled: Sampled, execution: Execution, fed: Fed, *, advantage: str, epochs: int,
+    aux_batch: Callable | None, timing: LedgerStep,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """The train step's batch from the step's records; its rows and tokens go to `timing`.
+
+    Args:
+      sampled, execution, fed: the step's rollout, outcomes and fed rewards.
+      advantage: the group advantages' normalisation, for arms that do not form
+        their own (`Fed.advantages` is None).
+      epochs: passes over the batch (`config.train.num_epochs`), charged each.
+      aux_batch: the agent's `aux_batch` when the backbone keeps learning outcomes
+        from executions (`config.train.loss.aux_coef`), else None.
+      timing: the step's ledger builder.
+    """
+    adv = fed.advantages  # Formed by arms that form their own (wmrl_ppi, wmrl_weighted).
+    if adv is None:
+        adv = advantages(fed.rewards, fed.valid, sampled.group_size, advantage)
+    batch = policy_batch(sampled.rollout, adv, fed.valid)
+    if aux_batch is not None:
+        batch.update(
+            aux_batch(list(sampled.tasks), sampled.rollout, execution.real, execution.executed)
+        )
+    # Rows out of the loss (masked) cost nothing: an implementation would drop them.
+    trained = float(batch["attention_mask"][fed.valid].sum())
+    rows = float(fed.valid.sum())
+    if "aux_tokens" in batch:  # The world model's own sequences (those with a target).
+        aux_rows = batch["aux_mask"].any(axis=1)
+        trained += float(aux_rows.sum() * batch["aux_tokens"].shape[1])
+        rows += float(aux_rows.sum())
+    timing.add(train_tokens=trained * epochs, train_rows=rows * epochs)
+    return batch
+
+
 def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
     """The step's rewards, anchors, world-model and correction scalars."""
-    r, wm, valid = record, record.wm, record.valid
-    m: dict[str, float] = {f"correction/{k}": float(v) for k, v in r.correction.items()}
-    m.update({f"anchors/{k}": float(v) for k, v in r.exec_counts.items()})
-    m["anchors/groups"] = float(r.anchor_groups.sum())
-    if r.anchor_fraction is not None:
-        m["anchors/fraction"] = r.anchor_fraction
-    if r.anchor_weights is not None and r.anchor_groups.any():
-        m["anchors/ipw_weight_max"] = float(r.anchor_weights[r.anchor_groups].max())
-    m["anchors/replicate_pairs"] = float(np.isfinite(r.partner).sum())
-    m["reward/masked_rows"] = float(np.sum(~valid))
-    if valid.any():
-        m["reward/fed_mean"] = float(np.mean(r.rewards[valid]))
-    if r.executed.any():
-        m["reward/real_mean"] = float(np.nanmean(r.real))
-    if r.rollout.causes:
+    wm, anchors, ex, fed = record.wm, record.anchors, record.execution, record.fed
+    m: dict[str, float] = {f"correction/{k}": float(v) for k, v in fed.diagnostics.items()}
+    m.update({f"anchors/{k}": float(v) for k, v in ex.counts.items()})
+    m["anchors/groups"] = float(anchors.groups.sum())
+    if anchors.fraction is not None:
+        m["anchors/fraction"] = anchors.fraction
+    if anchors.weights is not None and anchors.groups.any():
+        m["anchors/ipw_weight_max"] = float(anchors.weights[anchors.groups].max())
+    m["anchors/replicate_pairs"] = float(np.isfinite(ex.partner).sum())
+    m["reward/masked_rows"] = float(np.sum(~fed.valid))
+    if fed.valid.any():
+        m["reward/fed_mean"] = float(np.mean(fed.rewards[fed.valid]))
+    if ex.executed.any():
+        m["reward/real_mean"] = float(np.nanmean(ex.real))
+    if record.rollout.causes:
         for cause in PROGRAM_CAUSES[1:]:
-            m[f"programs/none/{cause}"] = float(r.rollout.causes.count(cause))
+            m[f"programs/none/{cause}"] = float(record.rollout.causes.count(cause))
     if arm.world_model and wm is not None:
         m["wm/parse_failures"] = float(wm.parse_failures)
         m.update({f"wm/parse_fail/{c}": float(v) for c, v in wm.parse_causes.items()})
@@ -253,7 +211,7 @@ def step_metrics(record: StepRecord, arm: Arm) -> dict[str, float]:
         ok = np.isfinite(wm.mean)
         if ok.any():
             m["wm/pred_mean"] = float(np.mean(wm.mean[ok]))
-        both = r.executed & ok
+        both = ex.executed & ok
         if both.any():
-            m["wm/raw_bias_on_anchors"] = float(np.mean(wm.mean[both] - r.real[both]))
+            m["wm/raw_bias_on_anchors"] = float(np.mean(wm.mean[both] - ex.real[both]))
     return m
