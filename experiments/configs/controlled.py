@@ -16,7 +16,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """Returns the study config; `arg` selects a variant ("runlocal")."""
     config = ml_collections.ConfigDict()
     config.seed = 0
-    config.num_seeds = 8
+    config.num_seeds = 10  # Paired comparisons need >= 10 (the estimators' guarantee).
     config.arms = (
         "real", "anchors_only", "wm_naive", "wm_debias", "wmrl",
         "wmrl_memory", "wmrl_local", "wmrl_active", "wmrl_plus", "wmrl_adaptive",
@@ -69,6 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)
 
     config.smooth = 20
+    # Declared before any run: the paired difference of final true reward within which an
+    # estimator counts as level with its control (the compute study's margin too).
+    config.equivalence_margin = 0.02
     config.target_fraction = 0.95
 
     if arg == "runlocal":
@@ -79,7 +82,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.smooth = 5
         config.blind_spot_sweep = (0.0, 0.15)
         # The paper's arms and the one that exercises every idea beyond it.
-        config.arms = ("real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_plus")
+        config.arms = (
+            "real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_plus", "wmrl_ppi",
+        )  # fmt: skip
     elif arg:
         raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
     config.lock()

@@ -71,6 +71,12 @@ def test_blind_spot_sweep_table_and_readme(study):
     assert "old" not in page and table.strip() in page and page.endswith("tail\n")
     readme = (workdir / "README.md").read_text()
     assert "old" not in readme and "Best among the arms executing no more than `wmrl`" in readme
+    # The estimators against their control, paired, at each fraction, table and headline.
+    assert "Each estimator against its control `anchors_only`" in table
+    for fraction in ("0%", "15%"):
+        assert f"| {fraction} | wmrl_ppi | " in table and f"| {fraction} | wmrl | " in table
+    assert "`wmrl_ppi` against `anchors_only` (paired over seeds, margin 0.02)" in readme
+    assert len(payload["summary"]["wmrl_ppi"]["final_true_reward_seeds"]) == 2
     assert "| 15% |" not in readme
     # --render_only writes the same tables from results.json alone.
     (workdir / "table.md").unlink()

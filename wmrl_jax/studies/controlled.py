@@ -340,8 +340,15 @@ def summarize(results: dict, config: ml_collections.ConfigDict) -> dict:
         executions = np.cumsum(out["executions"].mean(0))
         quarter = max(1, out["bias"].shape[1] // 4)
         half = out["bias"].shape[1] // 2
+        late = out["true_reward"][:, -quarter:].mean(1) - out["true_reward"][
+            :, -2 * quarter : -quarter
+        ].mean(1)
         row = {
             "final_true_reward": float(final.mean()),
+            "final_true_reward_seeds": final.tolist(),
+            # Still rising or flat: the last quarter's mean over the one before, per seed.
+            "late_gain": float(late.mean()),
+            "late_gain_se": float(late.std(ddof=1) / np.sqrt(seeds)) if seeds > 1 else 0.0,
             "final_true_reward_se": float(final.std(ddof=1) / np.sqrt(seeds)) if seeds > 1 else 0.0,
             "total_executions": float(executions[-1]),
             "bias_first_quarter": _nanmean(out["bias"][:, :quarter]),
