@@ -261,6 +261,14 @@ def test_bad_probe_settings_fail_before_any_work(tmp_path, field, value, match):
     assert not os.listdir(tmp_path)
 
 
+def test_more_replicates_than_the_source_has_are_refused(tmp_path):
+    config = override(probe_config.get_config("tiny_cpu:runlocal"), **{
+        "executor.kind": "replay", "probe.replicates": 4, "probe.max_tasks": 1,
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match="probe.replicates=4 but the outcome source has 3"):
+        wm_probe.probe(config, str(tmp_path))
+
+
 def test_the_config_names_the_training_config():
     assert probe_config.get_config().executor.kind == "replay"  # the default: replayed
     assert probe_config.get_config("qwen3_4b_mledojo:runlocal").agent.kind == "text"

@@ -158,6 +158,24 @@ def _execute(runner, tasks, rollout, k: int, replicates: int, rows: Rows) -> lis
     return out
 
 
+def _group(built, wm, runner, chunk, key, *, k: int, replicates: int, rows: Rows) -> None:
+    """Samples k programs per task of `chunk`, predicts and executes them into `rows`."""
+    k_roll, k_wm = jax.random.split(key)
+    t0 = time.perf_counter()
+    rollout = built.agent.rollout(built.params, chunk, group_size=k, key=k_roll)
+    t1 = time.perf_counter()
+    out = wm.predict(built.params, chunk, rollout, key=k_wm)
+    rows.add("generation", t1 - t0, "seconds")
+    rows.add("world_model", time.perf_counter() - t1, "seconds")
+    rows.outcomes += _execute(runner, chunk, rollout, k, replicates, rows)
+    rows.tasks += [t.id for t in chunk for _ in range(k)]
+    rows.labels += built.agent.describe(rollout)
+    rows.causes += list(rollout.causes or ("ok",) * len(rollout.programs))
+    rows.pred += np.asarray(out.mean, np.float64).tolist()
+    rows.var += np.asarray(out.var, np.float64).tolist()
+    rows.diagnostics.append({name: float(v) for name, v in out.diagnostics.items()})
+
+
 def sample(config, workdir: str) -> tuple[Rows, dict]:
     """Samples, predicts and executes every chosen task's group; returns the rows and
     what the run was (agent, world model, environment, replicates, tasks)."""
@@ -185,23 +203,11 @@ def sample(config, workdir: str) -> tuple[Rows, dict]:
             source, retries=config.executor.infra_retries, on_infra_error="wm_only",
             seed=config.seed,
         )  # fmt: skip
-        per = max(1, config.tasks_per_step)
+        per = max(1, config.tasks_per_step)  # Tasks per call, as a training step's.
         for start in range(0, len(tasks), per):
             chunk = tasks[start : start + per]
-            k_roll, k_wm = jax.random.split(jax.random.fold_in(key, start))
-            t0 = time.perf_counter()
-            rollout = built.agent.rollout(built.params, chunk, group_size=p.k, key=k_roll)
-            t1 = time.perf_counter()
-            out = wm.predict(built.params, chunk, rollout, key=k_wm)
-            rows.add("generation", t1 - t0, "seconds")
-            rows.add("world_model", time.perf_counter() - t1, "seconds")
-            rows.outcomes += _execute(runner, chunk, rollout, p.k, replicates, rows)
-            rows.tasks += [t.id for t in chunk for _ in range(p.k)]
-            rows.labels += built.agent.describe(rollout)
-            rows.causes += list(rollout.causes or ("ok",) * len(rollout.programs))
-            rows.pred += np.asarray(out.mean, np.float64).tolist()
-            rows.var += np.asarray(out.var, np.float64).tolist()
-            rows.diagnostics.append({k: float(v) for k, v in out.diagnostics.items()})
+            step_key = jax.random.fold_in(key, start)
+            _group(built, wm, runner, chunk, step_key, k=p.k, replicates=replicates, rows=rows)
             log.info("probe: %d/%d tasks", start + len(chunk), len(tasks))
     finally:
         source.close()
