@@ -29,11 +29,11 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from scipy import stats
 
 from wmrl_jax import readme
 from wmrl_jax.agents.recipe import lm
 from wmrl_jax.agents.recipe import vocab as rv
+from wmrl_jax.core import stats
 from wmrl_jax.envs import recipes, suite, tabular
 from wmrl_jax.envs.task import load_task
 from wmrl_jax.models import api
@@ -54,10 +54,10 @@ def observations(seed: int = 0) -> tuple[dict[str, dict[str, int]], dict[str, st
 
 def group_spearman(pred: np.ndarray, truth: np.ndarray, groups: np.ndarray) -> float:
     """Mean Spearman correlation within each row of `groups` (recipe indices [G, k]);
-    groups where either side is constant are skipped."""
-    ranked = [g for g in groups if np.ptp(pred[g]) > 0 and np.ptp(truth[g]) > 0]
-    rhos = [stats.spearmanr(pred[g], truth[g]).statistic for g in ranked]
-    return float(np.mean(rhos)) if rhos else float("nan")
+    groups where either side is constant are skipped (`stats.group_rank_correlation`,
+    the measure of the regime map and of `python -m experiments.wm_probe`)."""
+    k = groups.shape[1]
+    return float(stats.group_rank_correlation(pred[groups].ravel(), truth[groups].ravel(), k))
 
 
 def _design(feats: dict[str, int], groups: Sequence[str]) -> np.ndarray:

@@ -24,6 +24,7 @@ PAGES = {
     "board-checks": "tasks.md",
     "main-job": "main_job.md",
     "regime": "regime.md",
+    "wm-probe": "wm_probe.md",
 }
 # The sections that also write a headline into the README.
 HEADLINES = ("main-job", "study", "controlled", "embodied", "regime")

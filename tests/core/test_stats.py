@@ -54,3 +54,23 @@ def test_group_rank_correlation_matches_scipy_per_group():
     assert np.isnan(float(stats.group_rank_correlation(np.full(6, np.nan), b[:6], g)))
     two = float(stats.group_rank_correlation(np.arange(4.0), np.arange(4.0), 2, min_count=2))
     assert two == 1.0
+
+
+def test_group_rank_correlations_give_each_group_and_which_count():
+    rng = np.random.default_rng(12)
+    g = 5
+    a = rng.normal(size=8 * g)
+    b = a + rng.normal(size=a.size)
+    a[5:10] = 2.0  # group 1: constant prediction
+    b[10:15] = 0.5  # group 2: constant truth
+    a[15:18] = np.nan  # group 3: two entries left
+    corr, counted = map(np.asarray, stats.group_rank_correlations(a, b, g))
+    assert corr.shape == counted.shape == (8,)
+    np.testing.assert_array_equal(counted, [True, False, False, False, True, True, True, True])
+    for i in np.flatnonzero(counted):
+        x, y = a[i * g : (i + 1) * g], b[i * g : (i + 1) * g]
+        np.testing.assert_allclose(corr[i], scipy.stats.spearmanr(x, y)[0], rtol=1e-5)
+    assert np.isnan(corr[1]) and np.isnan(corr[2])
+    # The mean over the counted groups is `group_rank_correlation`.
+    mean = float(stats.group_rank_correlation(a, b, g))
+    np.testing.assert_allclose(mean, corr[counted].mean(), rtol=1e-6)

@@ -4,7 +4,8 @@ Fixed shapes under jit: the entries that count are marked by a bool mask
 instead of being gathered, and an empty (or too small) selection gives NaN
 rather than an error. The reward correction's diagnostics read them
 (`wmrl_jax.core.correction`); the studies score a world model by
-`group_rank_correlation`, the mean Spearman correlation within GRPO groups.
+`group_rank_correlation`, the mean Spearman correlation within GRPO groups
+(`group_rank_correlations`: each group's, and which groups count).
 """
 
 from __future__ import annotations
@@ -71,14 +72,48 @@ def rank_correlation(x: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("group_size", "min_count"))
+def group_rank_correlations(
+    x: jax.Array, y: jax.Array, group_size: int, *, min_count: int = 3
+) -> tuple[jax.Array, jax.Array]:
+    """The Spearman correlation of `x` and `y` within each group, and which groups count.
+
+    An entry where either side is not finite is left out of its group; a group
+    counts when at least `min_count` entries are left and neither side is
+    constant over them (two points always correlate ±1).
+
+    Args:
+      x: values of shape [num_groups * group_size], group-major.
+      y: values of the same shape.
+      group_size: G, the entries of one group.
+      min_count: the fewest entries a group needs to count.
+
+    Returns:
+      `(corr, counted)`: float32 of shape [num_groups] (NaN where a side is
+      constant or fewer than two entries are left) and bool of shape [num_groups].
+
+    Example:
+      >>> corr, counted = group_rank_correlations(jnp.array([1., 2., 3., 3., 3., 3.]),
+      ...                                         jnp.array([1., 5., 9., 1., 2., 3.]), 3)
+      >>> corr.tolist()[0], counted.tolist()
+      (1.0, [True, False])
+    """
+    x = jnp.asarray(x, jnp.float32).reshape(-1, group_size)
+    y = jnp.asarray(y, jnp.float32).reshape(-1, group_size)
+    mask = jnp.isfinite(x) & jnp.isfinite(y)
+    corr = jax.vmap(rank_correlation)(x, y, mask)
+    return corr, (jnp.sum(mask, axis=1) >= min_count) & jnp.isfinite(corr)
+
+
+@functools.partial(jax.jit, static_argnames=("group_size", "min_count"))
 def group_rank_correlation(
     x: jax.Array, y: jax.Array, group_size: int, *, min_count: int = 3
 ) -> jax.Array:
     """Mean over groups of the Spearman correlation of `x` and `y` within each group.
 
-    An entry where either side is not finite is left out of its group; a group
-    with fewer than `min_count` entries left, or constant on either side, is
-    left out of the mean (two points always correlate ±1).
+    The groups that count are those of `group_rank_correlations`: an entry
+    where either side is not finite is left out of its group; a group with
+    fewer than `min_count` entries left, or constant on either side, is left
+    out of the mean (two points always correlate ±1).
 
     Args:
       x: values of shape [num_groups * group_size], group-major.
@@ -94,9 +129,5 @@ def group_rank_correlation(
       ...                              jnp.array([1., 5., 9., 1., 2., 3.]), 3))
       0.0
     """
-    x = jnp.asarray(x, jnp.float32).reshape(-1, group_size)
-    y = jnp.asarray(y, jnp.float32).reshape(-1, group_size)
-    mask = jnp.isfinite(x) & jnp.isfinite(y)
-    corr = jax.vmap(rank_correlation)(x, y, mask)
-    counts = (jnp.sum(mask, axis=1) >= min_count) & jnp.isfinite(corr)
-    return masked_mean(corr, counts)
+    corr, counted = group_rank_correlations(x, y, group_size, min_count=min_count)
+    return masked_mean(corr, counted)

@@ -90,12 +90,8 @@ def realised_q(steps: Sequence[Mapping[str, float]]) -> float:
 
 def _group_q(pred: np.ndarray, truth: np.ndarray, g: int) -> tuple[float, int]:
     """`(mean within-group Spearman, groups counted)`, as `stats.group_rank_correlation`."""
-    x = jnp.asarray(pred, jnp.float32).reshape(-1, g)
-    y = jnp.asarray(truth, jnp.float32).reshape(-1, g)
-    mask = jnp.isfinite(x) & jnp.isfinite(y)
-    corr = np.asarray(jax.vmap(stats.rank_correlation)(x, y, mask))
-    counts = (np.asarray(mask).sum(axis=1) >= 3) & np.isfinite(corr)
-    return (float(corr[counts].mean()) if counts.any() else float("nan")), int(counts.sum())
+    corr, counted = map(np.asarray, stats.group_rank_correlations(pred, truth, g))
+    return (float(corr[counted].mean()) if counted.any() else float("nan")), int(counted.sum())
 
 
 class SyntheticWorldModel:
