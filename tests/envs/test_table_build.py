@@ -3,6 +3,8 @@ and updates of stale tasks."""
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import shutil
 
@@ -67,7 +69,7 @@ def test_build_save_load_and_refresh_boards(tmp_path, suite_dir):
         refreshed.status_names("iris", 2)
 
 
-def test_update_re_executes_only_stale_tasks(tmp_path, suite_dir):
+def test_update_re_executes_only_stale_tasks(tmp_path, suite_dir, monkeypatch):
     mini = tmp_path / "suite"
     for task_id in ("iris", "moons_high_noise"):
         shutil.copytree(os.path.join(suite_dir, task_id), mini / task_id)
@@ -87,7 +89,23 @@ def test_update_re_executes_only_stale_tasks(tmp_path, suite_dir):
     np.testing.assert_array_equal(merged.score[0], base.score[0])  # iris untouched
     np.testing.assert_array_equal(merged.score[1], update.score[0])
     assert table_build.stale_tasks(merged, os.fspath(mini)) == []
-    single = table_build.build(
+    # The command's --update: stale data must not stop the kept tasks' boards being re-read.
+    original = table_build.build
+    monkeypatch.setattr(table_build, "build", functools.partial(original, indices=[0]))
+    updated = table_build.update(base, os.fspath(mini), workers=1, log=io.StringIO())
+    assert updated.task_ids == base.task_ids
+    np.testing.assert_array_equal(updated.score[0], base.score[0])
+    np.testing.assert_array_equal(updated.score[1], update.score[0])
+    assert table_build.stale_tasks(updated, os.fspath(mini)) == []
+    # Every task stale (a generation switch): all re-executed, nothing checked against old data.
+    for path in (mini / "iris" / "public" / "train.csv", train):
+        path.chmod(0o644)
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    log = io.StringIO()
+    rebuilt = table_build.update(updated, os.fspath(mini), workers=1, log=log)
+    assert "re-executing ['iris', 'moons_high_noise']" in log.getvalue()
+    assert table_build.stale_tasks(rebuilt, os.fspath(mini)) == []
+    single = original(
         os.fspath(mini), workers=1, only=["iris"], indices=[0], replicates=1, log=None
     )
     with pytest.raises(tabular.TableError, match="1 replicates into one of 3"):

@@ -286,6 +286,27 @@ def stale_tasks(table: RecipeTable, suite_dir: str) -> list[str]:
     return out
 
 
+def update(
+    base: RecipeTable, suite_dir: str, *, workers: int = 2, only: Sequence[str] | None = None,
+    log=sys.stderr,
+) -> RecipeTable:  # fmt: skip
+    """`base` with the tasks in `only` (default: the stale ones, `stale_tasks`) re-executed
+    and every other task's boards re-read from `suite_dir`.
+
+    A stale task's data differs from the table's, so only the tasks kept are checked
+    against the suite; with every task stale, nothing of `base` but its replicate
+    count and start-up overhead remains.
+    """
+    only = list(only or stale_tasks(base, suite_dir))
+    print(f"re-executing {only or 'nothing'}", file=log)
+    kept = [t for t in base.task_ids if t not in only]
+    table = base.with_boards(suite_dir, only=kept) if kept else base
+    if not only:
+        return table
+    fresh = build(suite_dir, workers=workers, only=only, replicates=base.num_replicates, log=log)
+    return merge(table, fresh)
+
+
 def merge(base: RecipeTable, update: RecipeTable) -> RecipeTable:
     """`base` with the tasks of `update` replaced or added (start-up overhead from `base`)."""
     if update.num_replicates != base.num_replicates:
@@ -366,15 +387,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         only = args.only.split(",") if args.only else None
         indices = [int(i) for i in args.recipes.split(",")] if args.recipes else None
         if args.update and os.path.exists(args.out):
-            base = RecipeTable.load(args.out)
-            only = only or stale_tasks(base, args.suite)
-            print(f"re-executing {only or 'nothing'}", file=sys.stderr)
-            table = base.with_boards(args.suite)
-            if only:
-                fresh = build(
-                    args.suite, workers=args.workers, only=only, replicates=base.num_replicates
-                )
-                table = merge(table, fresh)
+            table = update(RecipeTable.load(args.out), args.suite, workers=args.workers, only=only)
         else:
             table = build(
                 args.suite,

@@ -230,9 +230,11 @@ class RecipeTable:
                 "(rebuild the table)"
             )
 
-    def check_suite(self, suite_dir: str) -> None:
-        """`check_task` for every table task present in `suite_dir` (at least one must be)."""
-        present = [t for t in self.task_ids if os.path.isdir(os.path.join(suite_dir, t))]
+    def check_suite(self, suite_dir: str, only: Sequence[str] | None = None) -> None:
+        """`check_task` for every table task (of `only`, default all) present in `suite_dir`
+        (at least one must be)."""
+        ids = self.task_ids if only is None else [t for t in self.task_ids if t in set(only)]
+        present = [t for t in ids if os.path.isdir(os.path.join(suite_dir, t))]
         if not present:
             raise TableError(f"no task of the recipe table is in the suite {suite_dir}")
         for task_id in present:
@@ -295,14 +297,15 @@ class RecipeTable:
             table.check_suite(suite)
         return table
 
-    def with_boards(self, suite_dir: str) -> RecipeTable:
+    def with_boards(self, suite_dir: str, only: Sequence[str] | None = None) -> RecipeTable:
         """A copy whose boards are re-read from `suite_dir` (same data, new competitors).
 
-        Tasks absent from `suite_dir` keep their boards; at least one must be present.
+        Tasks absent from `suite_dir`, or not in `only` (default: every task), keep
+        their boards and are not checked; at least one task must be present.
         """
-        self.check_suite(suite_dir)
+        self.check_suite(suite_dir, only)
         boards = dict(self.boards)
-        for task_id in self.task_ids:
+        for task_id in self.task_ids if only is None else only:
             if os.path.isdir(os.path.join(suite_dir, task_id)):
                 boards[task_id] = grading.load_leaderboards(
                     load_task(os.path.join(suite_dir, task_id))
