@@ -20,19 +20,22 @@ kinds of number come out:
   only the queries and the mask and recomputing one block's scores in the
   backward pass. Without remat every layer keeps its residuals and the LM head's
   float32 logits exist for every position; with remat (the train step's
-  ``remat=True``) each layer keeps its input only, one layer's residuals are
-  rebuilt at a time and the head runs in `TOKEN_BLOCK` blocks. The chunked gated
-  delta rule keeps float32 per-token tensors, C x C chunk matrices and one state
-  per chunk. The per-element coefficients are checked against XLA's own buffer
-  assignment (`compiled.memory_analysis()`) of the train step (dense, blocked,
-  blocked with remat), the prefill (dense and blocked) and the delta rule on the
-  CPU backend (tests/models/test_memory.py; 0.97x to 1.28x of XLA's temporaries
-  at 2 layers); a GPU backend fuses more, so they lean high there. The saving of
+  ``remat=True``) each layer keeps its input only, one layer is rebuilt at a time
+  and the head runs in `TOKEN_BLOCK` blocks, and the peak is the larger of the
+  head's blocks and one rebuilt layer's backward (they run one after the other).
+  The chunked gated delta rule keeps float32 per-token tensors, C x C chunk
+  matrices and one state per chunk. The per-element coefficients are checked
+  against XLA's own buffer assignment (`compiled.memory_analysis()`) of the
+  train step (dense, blocked, blocked with remat; with the gradients XLA's
+  temporaries also hold), the prefill (dense and blocked) and the delta rule on
+  the CPU backend (tests/models/test_memory.py), and against the sharded step's
+  compiles (tests/test_aot.py on CPU devices, `benchmarks.aot` for an H200
+  target). The saving of
   remat across layers holds because the remat forward runs its layers under
   `lax.scan` (`models.layer_scan`: the backward rebuilds one layer per
   iteration); with a Python loop of checkpointed layers XLA ran the
   recomputations early and its temporaries grew per layer as without remat
-  (tests/test_aot.py compares the plan with XLA's per-layer growth).
+  (tests/test_aot.py compares the plan with XLA's per-layer growth and total).
 
 Example:
     >>> shapes = param_shapes(config)
@@ -448,10 +451,13 @@ def train_bytes_per_row(
     float32 logits [tokens, V] exist whole, with the log-softmax and entropy terms
     computed from them (four such arrays). With remat (`train.step`'s
     ``remat=True``: per-layer rematerialisation and a blocked LM head) only each
-    layer's input [tokens, hidden] is kept, one layer's residuals are rebuilt at
-    a time, and the head holds `HEAD_BLOCK_ARRAYS` float32 [token_block, V]
-    arrays. On top: one layer's backward working set (the cotangents of its
-    largest arrays, or one query block's recomputed scores) and the mask.
+    layer's input [tokens, hidden] is kept; on top of those, the larger of the
+    head's backward (`HEAD_BLOCK_ARRAYS` float32 [token_block, V] arrays, its input
+    and that input's cotangent) and one rebuilt layer's backward
+    (`_rebuilt_layer_bytes`): the head's backward ends before the layers' begins.
+    Without remat: every layer's residuals, one layer's backward working set (the
+    cotangents of its largest arrays, or one query block's recomputed scores) and
+    the logits. Both add the mask [tokens, tokens].
     """
     c = config
     layers = [
