@@ -125,8 +125,11 @@ def _tiny_dense(vocab=512):
 def test_train_estimates_track_xla_buffer_assignment(tokens, remat, vocab):
     """Train-step activations against XLA's own temp buffers (CPU backend).
 
-    The estimates lean high (XLA fuses some of what they count); they must not be
-    low by more than a few percent, nor high by more than ~2x.
+    XLA's temporaries also hold the gradients (the float32 accumulator of the
+    micro-batch loop and one micro-batch's gradient in the params' dtype) and, with
+    remat, the layers stacked for the layer scan: counted here as `train.memory`
+    counts them. The estimates lean high (XLA fuses some of what they count); they
+    must not be low by more than a few percent, nor high by more than the issue's 25%.
     """
     config, rows = _tiny_dense(vocab), 2
     graphdef, state = api.abstract_split(config, jnp.bfloat16)
@@ -139,8 +142,11 @@ def test_train_estimates_track_xla_buffer_assignment(tokens, remat, vocab):
     }
     grads = jax.jit(lambda p, b: loss.loss_and_grads(graphdef, p, b, config=step_config)[1])
     xla = grads.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
-    ratio = rows * memory.train_bytes_per_row(config, tokens, 2, remat=remat) / xla
-    assert 0.95 <= ratio <= 1.8, ratio
+    gradients = memory.param_count(config) * (4 + 2)
+    stacked = memory.layer_elements_per_device(config, {}) * 2 if remat else 0
+    planned = rows * memory.train_bytes_per_row(config, tokens, 2, remat=remat)
+    ratio = (planned + gradients + stacked) / xla
+    assert 0.95 <= ratio <= 1.25, ratio
 
 
 @pytest.mark.parametrize("prompt,slots", [(256, 512), (1024, 1536)])

@@ -20,19 +20,22 @@ kinds of number come out:
   only the queries and the mask and recomputing one block's scores in the
   backward pass. Without remat every layer keeps its residuals and the LM head's
   float32 logits exist for every position; with remat (the train step's
-  ``remat=True``) each layer keeps its input only, one layer's residuals are
-  rebuilt at a time and the head runs in `TOKEN_BLOCK` blocks. The chunked gated
-  delta rule keeps float32 per-token tensors, C x C chunk matrices and one state
-  per chunk. The per-element coefficients are checked against XLA's own buffer
-  assignment (`compiled.memory_analysis()`) of the train step (dense, blocked,
-  blocked with remat), the prefill (dense and blocked) and the delta rule on the
-  CPU backend (tests/models/test_memory.py; 0.97x to 1.28x of XLA's temporaries
-  at 2 layers); a GPU backend fuses more, so they lean high there. The saving of
+  ``remat=True``) each layer keeps its input only, one layer is rebuilt at a time
+  and the head runs in `TOKEN_BLOCK` blocks, and the peak is the larger of the
+  head's blocks and one rebuilt layer's backward (they run one after the other).
+  The chunked gated delta rule keeps float32 per-token tensors, C x C chunk
+  matrices and one state per chunk. The per-element coefficients are checked
+  against XLA's own buffer assignment (`compiled.memory_analysis()`) of the
+  train step (dense, blocked, blocked with remat; with the gradients XLA's
+  temporaries also hold), the prefill (dense and blocked) and the delta rule on
+  the CPU backend (tests/models/test_memory.py), and against the sharded step's
+  compiles (tests/test_aot.py on CPU devices, `benchmarks.aot` for an H200
+  target). The saving of
   remat across layers holds because the remat forward runs its layers under
   `lax.scan` (`models.layer_scan`: the backward rebuilds one layer per
   iteration); with a Python loop of checkpointed layers XLA ran the
   recomputations early and its temporaries grew per layer as without remat
-  (tests/test_aot.py compares the plan with XLA's per-layer growth).
+  (tests/test_aot.py compares the plan with XLA's per-layer growth and total).
 
 Example:
     >>> shapes = param_shapes(config)
@@ -375,6 +378,58 @@ def _layer_bytes(
     return dense + proj + delta, dense + delta
 
 
+# Bytes per score that a rebuilt dense attention layer keeps for its own backward
+# pass (remat): what that backward reads, the float32 softmax output, the
+# probabilities in the compute dtype (the same buffer when that is float32) and the
+# mask. The q.k einsum output and its masked copy (in `SCORE_BYTES`) are transients
+# of the recomputation, dead before the first cotangent exists.
+def _rebuilt_score_bytes(b: int) -> int:
+    return 4 + (b if b < 4 else 0) + 1
+
+
+def _rebuilt_layer_bytes(
+    config: DecoderConfig, kind: str, tokens: int, b: int, tensor: int, query_block: int
+) -> int:
+    """Peak bytes of one layer's backward pass under remat, one sequence.
+
+    The layer's forward is rebuilt from its kept input, then its backward runs the
+    MLP first, the token mixer second; the peak is the larger of the two phases:
+
+    * MLP backward: every residual of the rebuilt layer (the mixer's are read
+      later) and the MLP's cotangents (the [tokens, 3 F] and hidden-size arrays);
+    * mixer backward: the MLP's residuals and cotangents are dead; the
+      hidden-size arrays (norm in/out in float32, residual stream, the layer's
+      input and output cotangents), the projections, the mixer's kept residuals
+      and its cotangents (dense attention: `_rebuilt_score_bytes` plus d(probs) and
+      d(scores) per score; blocked: the kept queries and mask plus one block's
+      recomputed scores with cotangents; Gated DeltaNet: the delta rule's
+      residuals and cotangents, `delta_rule_bytes(grad=True)`).
+    """
+    c = config
+    f = _split(c.intermediate_size, tensor)
+    hidden = tokens * c.hidden_size * (4 * b + 2 * 4)
+    mlp = 3 * tokens * f * b  # gate, up and their product (or their cotangents)
+    if kind == "full_attention":
+        heads, kv = _split(c.num_attention_heads, tensor), _split(c.num_key_value_heads, tensor)
+        gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
+        proj = tokens * c.head_dim * (heads * (gate + 2) + 4 * kv) * b
+        rows = _query_rows(tokens, query_block)
+        scores = heads * rows * tokens
+        if rows == tokens:  # dense
+            kept = scores * _rebuilt_score_bytes(b)
+            work = scores * _score_cotangent_bytes(b)
+        else:  # blocked: the queries in blocks and the mask; one block's scores at a time
+            kept = heads * tokens * c.head_dim * b + tokens * tokens
+            work = scores * _block_score_bytes(b, grad=True)
+        mixer_kept, mixer = proj + kept, proj + kept + work
+    else:
+        channels = _split(c.conv_dim, tensor) + _split(c.linear_value_dim, tensor)
+        proj = tokens * channels * (2 * b + 4)  # projections, conv output, gate z
+        delta = delta_rule_bytes(c, tokens, tensor, grad=True)
+        mixer_kept, mixer = proj + delta, proj + delta
+    return max(hidden + mlp + mixer_kept + hidden + mlp, hidden + mixer)
+
+
 # Float32 [block, V] arrays of the blocked LM head alive at once in its backward
 # pass: the recomputed logits, their log-softmax and its exponential, a cotangent.
 HEAD_BLOCK_ARRAYS = 4
@@ -396,21 +451,28 @@ def train_bytes_per_row(
     float32 logits [tokens, V] exist whole, with the log-softmax and entropy terms
     computed from them (four such arrays). With remat (`train.step`'s
     ``remat=True``: per-layer rematerialisation and a blocked LM head) only each
-    layer's input [tokens, hidden] is kept, one layer's residuals are rebuilt at
-    a time, and the head holds `HEAD_BLOCK_ARRAYS` float32 [token_block, V]
-    arrays. On top: one layer's backward working set (the cotangents of its
-    largest arrays, or one query block's recomputed scores) and the mask.
+    layer's input [tokens, hidden] is kept; on top of those, the larger of the
+    head's backward (`HEAD_BLOCK_ARRAYS` float32 [token_block, V] arrays, its input
+    and that input's cotangent) and one rebuilt layer's backward
+    (`_rebuilt_layer_bytes`): the head's backward ends before the layers' begins.
+    Without remat: every layer's residuals, one layer's backward working set (the
+    cotangents of its largest arrays, or one query block's recomputed scores) and
+    the logits. Both add the mask [tokens, tokens].
     """
     c = config
     layers = [
         _layer_bytes(c, kind, tokens, compute_bytes, tensor, query_block) for kind in layer_kinds(c)
     ]
-    residuals = [r for r, _ in layers]
     if remat:
-        kept = len(layers) * tokens * c.hidden_size * compute_bytes + max(residuals)
-        logits = HEAD_BLOCK_ARRAYS * min(tokens, token_block) * c.vocab_size * 4
-        logits += 2 * tokens * c.hidden_size * compute_bytes  # the head's input and its cotangent
-    else:
-        kept = sum(residuals)
-        logits = 4 * tokens * c.vocab_size * 4
+        kept = len(layers) * tokens * c.hidden_size * compute_bytes  # each layer's input
+        # The head's backward ends before the layers' begins: the two never coexist.
+        head = HEAD_BLOCK_ARRAYS * min(tokens, token_block) * c.vocab_size * 4
+        head += 2 * tokens * c.hidden_size * compute_bytes  # the head's input and its cotangent
+        rebuilt = max(
+            _rebuilt_layer_bytes(c, kind, tokens, compute_bytes, tensor, query_block)
+            for kind in set(layer_kinds(c))
+        )
+        return kept + max(head, rebuilt) + tokens * tokens
+    kept = sum(r for r, _ in layers)
+    logits = 4 * tokens * c.vocab_size * 4
     return kept + max(work for _, work in layers) + logits + tokens * tokens

@@ -288,7 +288,11 @@ def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
         out["frozen WM params"] = (full if w.unsharded_load else shard) * pb
     if w.unsharded_load and math.prod(mesh.values()) > 1:  # one device: no second copy
         out["loaded params on device 0"] = full * pb
-    if mesh["fsdp"] > 1:  # FSDP all-gathers weights of a layer, twice (prefetch)
+    if mesh["fsdp"] > 1:
+        # Two layers' worth, unsharded: generating, a layer's gathered weights and the
+        # next layer's (prefetch); training, a layer's weights gathered inside its
+        # checkpoint and that layer's gradients before their reduce-scatter (XLA's
+        # buffer assignment of the remat step). Plus the embedding and the LM head.
         gathered = 2 * model_memory.largest_layer_elements(config)
         gathered += (
             config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
