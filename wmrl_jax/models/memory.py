@@ -352,6 +352,17 @@ def prefill_bytes_per_row(
     return hidden + prompt * slots + max(mlp, *mixers) + 4 * 4 * c.vocab_size
 
 
+def _attention_sizes(config: DecoderConfig, tokens: int, b: int, tensor: int, query_block: int):
+    """(heads on a device, bytes of the projections' activations, query rows per block,
+    scores per block) of one full-attention layer, one sequence."""
+    c = config
+    heads, kv = _split(c.num_attention_heads, tensor), _split(c.num_key_value_heads, tensor)
+    gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
+    proj = tokens * c.head_dim * (heads * (gate + 2) + 4 * kv) * b
+    rows = _query_rows(tokens, query_block)
+    return heads, proj, rows, heads * rows * tokens
+
+
 def _layer_bytes(
     config: DecoderConfig, kind: str, tokens: int, b: int, tensor: int, query_block: int
 ):
@@ -361,11 +372,7 @@ def _layer_bytes(
     # Norm inputs and outputs (float32 inside the norm), residual stream, MLP in/out.
     dense = tokens * (c.hidden_size * (4 * b + 2 * 4) + 3 * f * b)
     if kind == "full_attention":
-        heads, kv = _split(c.num_attention_heads, tensor), _split(c.num_key_value_heads, tensor)
-        gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
-        proj = tokens * c.head_dim * (heads * (gate + 2) + 4 * kv) * b
-        rows = _query_rows(tokens, query_block)
-        scores = heads * rows * tokens
+        heads, proj, rows, scores = _attention_sizes(c, tokens, b, tensor, query_block)
         if rows == tokens:  # dense: the scores are residuals; the backward adds cotangents
             return dense + proj + scores * SCORE_BYTES, dense + scores * _score_cotangent_bytes(b)
         # Blocked: the queries in blocks and the mask are kept; the backward pass
@@ -410,11 +417,7 @@ def _rebuilt_layer_bytes(
     hidden = tokens * c.hidden_size * (4 * b + 2 * 4)
     mlp = 3 * tokens * f * b  # gate, up and their product (or their cotangents)
     if kind == "full_attention":
-        heads, kv = _split(c.num_attention_heads, tensor), _split(c.num_key_value_heads, tensor)
-        gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
-        proj = tokens * c.head_dim * (heads * (gate + 2) + 4 * kv) * b
-        rows = _query_rows(tokens, query_block)
-        scores = heads * rows * tokens
+        heads, proj, rows, scores = _attention_sizes(c, tokens, b, tensor, query_block)
         if rows == tokens:  # dense
             kept = scores * _rebuilt_score_bytes(b)
             work = scores * _score_cotangent_bytes(b)
