@@ -35,9 +35,11 @@ def test_committed_table_covers_the_suite(table):
         assert np.all((pct[ok[table.row(task_id)]] >= 0) & (pct[ok[table.row(task_id)]] <= 1))
         # The space spans bad to good on every task.
         assert np.nanmax(table.percentile(task_id)) - np.nanmin(table.percentile(task_id)) > 0.3
-        # Real execution is noisy: most recipes score differently across replicates.
+        # Real execution is noisy: most recipes that run in every replicate score
+        # differently across them (a foreseeable failure fails the same way each time).
         var = table.reward_var(task_id)
-        assert np.all(var >= 0) and np.mean(var > 0) > 0.5, task_id
+        ran = ok[table.row(task_id)].all(axis=1)
+        assert np.all(var >= 0) and np.mean(var[ran] > 0) > 0.5, task_id
         rewards = table.replicate_reward(task_id)
         np.testing.assert_allclose(table.reward(task_id), rewards.mean(axis=1), rtol=1e-12)
         np.testing.assert_allclose(var, rewards.var(axis=1, ddof=1), rtol=1e-12)
@@ -58,6 +60,8 @@ def _family_runs():
     return runs + [
         ("moons_high_noise", Recipe(1, 5, 1, 1)),
         ("moons_high_noise", Recipe(2, 3, 1, 1)),
+        # Naive Bayes on unscaled, non-negative features: the multinomial model runs.
+        ("iris", Recipe(0, recipes.MODELS.index("naive_bayes"), 0, 2)),
     ]
 
 
@@ -70,17 +74,28 @@ def test_every_family_runs_in_the_sandbox_and_matches_the_table(table, suite_dir
         task = load_task(os.path.join(suite_dir, task_id))
         source = recipes.compile_program(r, task)
         futures.append(outcomes.submit(task, source, replicate=j % table.num_replicates))
+    scored = set()
     try:
         for j, ((task_id, r), future) in enumerate(zip(runs, futures, strict=True)):
             outcome = future.result()
-            assert outcome.status == "ok", (task_id, recipes.describe(r), outcome.message)
-            assert 0.0 <= outcome.percentile <= 1.0 and outcome.reward == outcome.percentile
             k = j % table.num_replicates
-            recorded = table.score[table.row(task_id), recipes.recipe_index(r), k]
+            at = (table.row(task_id), recipes.recipe_index(r), k)
+            expected = tabular.STATUS_NAMES[table.status[at]]
+            if expected == "timeout":
+                # The build's CPU budget; a sandboxed executor does not enforce it.
+                continue
+            what = (task_id, recipes.describe(r), outcome.message)
+            # A foreseeable failure fails here as it did in the build, and only it does.
+            assert outcome.status == expected, what
+            if expected != "ok":
+                continue
+            scored.add(recipes.MODELS[r.model])
+            assert 0.0 <= outcome.percentile <= 1.0 and outcome.reward == outcome.percentile
             # Same program, same data, one thread: equal up to float formatting.
-            np.testing.assert_allclose(outcome.score, recorded, rtol=1e-9, err_msg=task_id)
+            np.testing.assert_allclose(outcome.score, table.score[at], rtol=1e-9, err_msg=task_id)
     finally:
         outcomes.close()
+    assert scored == set(recipes.MODELS), set(recipes.MODELS) - scored
 
 
 def test_load_refuses_a_table_without_replicates(tmp_path):
