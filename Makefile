@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.scaleout --json outputs/bench/scaleout.json
 	$(PY) -m benchmarks.grpo_step --skip tunix --trials 1 --json outputs/bench/grpo_step.json
 	$(PY) -m benchmarks.overlap --json outputs/bench/overlap.json
+	$(PY) -m benchmarks.exact --json outputs/bench/exact.json
 
 # Rebuilds the committed tiny checkpoints and their reference outputs (needs
 # `pip install torch==2.13.0`; tests themselves never need torch).

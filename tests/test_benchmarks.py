@@ -29,6 +29,12 @@ def test_fusion_benchmark_small(tmp_path):
     assert payload
 
 
+def test_exact_benchmark_agrees_with_its_anchor(tmp_path):
+    payload, stdout = _run(["benchmarks.exact", "--repeats", "1"], tmp_path)
+    assert payload["max_abs_log_prob_diff"] < 1e-4 and payload["speedup"] > 0
+    assert "recipe_probs" in stdout
+
+
 # The model benchmarks on a tiny preset, anchors (torch, Tunix) skipped.
 _TINY = ["--preset", "tiny", "--skip", "torch,tunix"]
 

@@ -41,19 +41,26 @@ from wmrl_jax.models import qwen3
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "vocab"))
-def _log_probs(graphdef, params, prompts, recipes, temperature, *, vocab):
-    """log p(recipe | prompt) for every pair: prompts [T, P], recipes [R, S] -> [T, R]."""
+def _log_probs(graphdef, params, prompts, prefixes, recipes, prefix_of, temperature, *, vocab):
+    """log p(recipe | prompt) for every pair: prompts [T, P], recipes [R, S] -> [T, R].
+
+    A recipe's slot s is predicted from the prompt and its first s slots, so the U
+    distinct prefixes of S-1 slots (`prefixes` [U, S-1], `prefix_of` [R]: each recipe's
+    row there) give every slot's distribution in one causal pass of U rows instead of R
+    (96 instead of 288 for the recipe benchmark).
+    """
     t, p = prompts.shape
-    r, s = recipes.shape
+    u = prefixes.shape[0]
     seq = jnp.concatenate(
-        [jnp.repeat(prompts, r, axis=0), jnp.tile(recipes, (t, 1))], axis=1
+        [jnp.repeat(prompts, u, axis=0), jnp.tile(prefixes, (t, 1))], axis=1
     ).astype(jnp.int32)
-    logits = qwen3.apply(graphdef, params, seq)[:, p - 1 : p + s - 1]  # Predicts slot s.
+    logits = qwen3.apply(graphdef, params, seq)[:, p - 1 :]  # [T·U, S, V]: slot s at p-1+s.
     allowed = jnp.asarray(vocab.slot_mask())  # [S, V]
     masked = jnp.where(allowed[None], logits.astype(jnp.float32) / temperature, -jnp.inf)
-    logp = jax.nn.log_softmax(masked, axis=-1)
-    picked = jnp.take_along_axis(logp, seq[:, p:, None], axis=-1)[..., 0]  # [T·R, S]
-    return picked.sum(-1).reshape(t, r)
+    logp = jax.nn.log_softmax(masked, axis=-1).reshape(t, u, *allowed.shape)
+    slots = jnp.arange(recipes.shape[1])
+    picked = logp[:, prefix_of[:, None], slots[None, :], recipes]  # [T, R, S]
+    return picked.sum(-1)
 
 
 def recipe_probs(agent, params, tasks: Sequence[Task], *, chunk: int = 8) -> np.ndarray:
@@ -63,7 +70,9 @@ def recipe_probs(agent, params, tasks: Sequence[Task], *, chunk: int = 8) -> np.
     rows sum to 1 up to float32 rounding. Tasks go through in chunks of
     `chunk` (one compilation per chunk shape).
     """
-    recipes = jnp.asarray(recipe_lm.all_recipe_tokens(agent.vocab))
+    tokens = recipe_lm.all_recipe_tokens(agent.vocab)
+    prefixes, prefix_of = np.unique(tokens[:, :-1], axis=0, return_inverse=True)
+    recipes, prefixes, prefix_of = map(jnp.asarray, (tokens, prefixes, prefix_of.reshape(-1)))
     prompts = agent.prompts(tasks)
     out = []
     for i in range(0, len(tasks), chunk):
@@ -71,8 +80,8 @@ def recipe_probs(agent, params, tasks: Sequence[Task], *, chunk: int = 8) -> np.
         pad = chunk - len(part)  # A fixed shape: pad the last chunk with its first prompt.
         part = np.concatenate([part, np.repeat(part[:1], pad, axis=0)]) if pad else part
         logp = _log_probs(
-            agent.graphdef, params, jnp.asarray(part), recipes, agent.temperature,
-            vocab=agent.vocab,
+            agent.graphdef, params, jnp.asarray(part), prefixes, recipes, prefix_of,
+            agent.temperature, vocab=agent.vocab,
         )  # fmt: skip
         out.append(np.asarray(logp, np.float64)[: chunk - pad])
     return np.exp(np.concatenate(out)) if out else np.zeros((0, recipes.shape[0]))
