@@ -22,6 +22,7 @@ Measures (see `analyse`):
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -99,6 +100,13 @@ def _run_seed(job: tuple[dict, str, int, tuple]) -> tuple[int, dict[str, tuple[d
         if label in skip:
             continue
         run_config = override(config, seed=config.seed + seed, **overrides)
+        path = os.path.join(workdir, "runs", f"{label}_seed{seed}")
+        every = int(config.study.get("exact_every", 0))
+        record = {"config": run_config.to_dict(), "exact_every": every}
+        done = _finished(path, record)
+        if done is not None:  # A killed study loses only its unfinished runs.
+            out[label] = done
+            continue
         warm = run_config.agent.recipe.warm_start.steps
         if warm not in built:  # One warm start per (seed, length), shared by the arms.
             key = jax.random.split(jax.random.key(run_config.seed))[1]
@@ -106,11 +114,40 @@ def _run_seed(job: tuple[dict, str, int, tuple]) -> tuple[int, dict[str, tuple[d
         outcomes, _ = builder.make_outcomes(run_config, table=table)
         b = built[warm]
         start = time.perf_counter()
-        path = os.path.join(workdir, "runs", f"{label}_seed{seed}")
-        every = int(config.study.get("exact_every", 0))
         summary = _train(run_config, path, outcomes, b, tasks, every)
         out[label] = (summary, time.perf_counter() - start)
+        _write_json(os.path.join(path, FINISHED), {**record, "summary": summary,
+                                                   "wall": out[label][1]})  # fmt: skip
     return seed, out
+
+
+# A finished run's summary, beside its metrics; read back instead of training again.
+FINISHED = "study_run.json"
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=float))
+
+
+def _write_json(path: str, value) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, default=float)
+    os.replace(tmp, path)
+
+
+def _finished(path: str, record: dict) -> tuple[dict, float] | None:
+    """(summary, wall seconds) of the run at `path` if it finished with the same run
+    config and exact evaluation; else None (it runs again from the start)."""
+    try:
+        with open(os.path.join(path, FINISHED), encoding="utf-8") as f:
+            done = json.load(f)
+    except (OSError, ValueError):
+        return None
+    mine = _jsonable(record)
+    if {k: done.get(k) for k in mine} != mine:
+        return None
+    return done["summary"], float(done["wall"])
 
 
 def _train(config, path: str, outcomes, built, tasks, every: int) -> dict:
