@@ -47,18 +47,13 @@ def _full_log_probs(graphdef, params, prompts, recipes, temperature, *, vocab):
 def full_sequence(agent, params, tasks, chunk: int = 8) -> np.ndarray:
     """p(recipe | task) [T, R] by teacher-forcing every recipe after the prompt."""
     recipes = jnp.asarray(lm.all_recipe_tokens(agent.vocab))
-    prompts = agent.prompts(tasks)
-    out = []
-    for i in range(0, len(tasks), chunk):
-        part = prompts[i : i + chunk]
-        pad = chunk - len(part)
-        part = np.concatenate([part, np.repeat(part[:1], pad, axis=0)]) if pad else part
-        logp = _full_log_probs(
-            agent.graphdef, params, jnp.asarray(part), recipes, agent.temperature,
-            vocab=agent.vocab,
-        )  # fmt: skip
-        out.append(np.asarray(logp, np.float64)[: chunk - pad])
-    return np.exp(np.concatenate(out))
+
+    def log_probs(prompts):
+        return _full_log_probs(
+            agent.graphdef, params, prompts, recipes, agent.temperature, vocab=agent.vocab
+        )
+
+    return exact.by_chunks(log_probs, agent.prompts(tasks), chunk, recipes.shape[0])
 
 
 def _median_seconds(fn, repeats: int) -> float:

@@ -73,18 +73,26 @@ def recipe_probs(agent, params, tasks: Sequence[Task], *, chunk: int = 8) -> np.
     tokens = recipe_lm.all_recipe_tokens(agent.vocab)
     prefixes, prefix_of = np.unique(tokens[:, :-1], axis=0, return_inverse=True)
     recipes, prefixes, prefix_of = map(jnp.asarray, (tokens, prefixes, prefix_of.reshape(-1)))
-    prompts = agent.prompts(tasks)
-    out = []
-    for i in range(0, len(tasks), chunk):
-        part = prompts[i : i + chunk]
-        pad = chunk - len(part)  # A fixed shape: pad the last chunk with its first prompt.
-        part = np.concatenate([part, np.repeat(part[:1], pad, axis=0)]) if pad else part
-        logp = _log_probs(
-            agent.graphdef, params, jnp.asarray(part), prefixes, recipes, prefix_of,
-            agent.temperature, vocab=agent.vocab,
+
+    def log_probs(prompts):
+        return _log_probs(
+            agent.graphdef, params, prompts, prefixes, recipes, prefix_of, agent.temperature,
+            vocab=agent.vocab,
         )  # fmt: skip
-        out.append(np.asarray(logp, np.float64)[: chunk - pad])
-    return np.exp(np.concatenate(out)) if out else np.zeros((0, recipes.shape[0]))
+
+    return by_chunks(log_probs, agent.prompts(tasks), chunk, len(tokens))
+
+
+def by_chunks(log_probs: Callable, prompts: np.ndarray, chunk: int, num_recipes: int):
+    """exp(log_probs(prompts)) as float64 [T, R], `chunk` prompts at a time; the last chunk
+    is padded with its first prompt, so every call has one shape (one compilation)."""
+    out = []
+    for i in range(0, len(prompts), chunk):
+        part = prompts[i : i + chunk]
+        pad = chunk - len(part)
+        part = np.concatenate([part, np.repeat(part[:1], pad, axis=0)]) if pad else part
+        out.append(np.asarray(log_probs(jnp.asarray(part)), np.float64)[: chunk - pad])
+    return np.exp(np.concatenate(out)) if out else np.zeros((0, num_recipes))
 
 
 def heldout_value(table: RecipeTable, task_id: str) -> np.ndarray:
