@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.forward import write_json
+from benchmarks.fusion import median_seconds
 from experiments.configs import study_compute
 from wmrl_jax import models
 from wmrl_jax.agents.recipe import lm
@@ -56,16 +55,6 @@ def full_sequence(agent, params, tasks, chunk: int = 8) -> np.ndarray:
     return exact.by_chunks(log_probs, agent.prompts(tasks), chunk, recipes.shape[0])
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # Compile.
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -81,10 +70,10 @@ def main(argv=None) -> dict:
     shared = exact.recipe_probs(agent, model.params, tasks)
     report = {
         "tasks": len(tasks),
-        "full_sequence_s": _median_seconds(lambda: full_sequence(agent, model.params, tasks),
-                                           args.repeats),
-        "recipe_probs_s": _median_seconds(lambda: exact.recipe_probs(agent, model.params, tasks),
-                                          args.repeats),
+        "full_sequence_s": median_seconds(lambda: full_sequence(agent, model.params, tasks),
+                                          repeats=args.repeats),
+        "recipe_probs_s": median_seconds(lambda: exact.recipe_probs(agent, model.params, tasks),
+                                         repeats=args.repeats),
         "max_abs_log_prob_diff": float(np.abs(np.log(full) - np.log(shared)).max()),
         "platform": jax.default_backend(),
     }  # fmt: skip
@@ -94,9 +83,7 @@ def main(argv=None) -> dict:
         f"recipe_probs {report['recipe_probs_s']:.3f} s ({report['speedup']:.2f}x); "
         f"largest |log p| difference {report['max_abs_log_prob_diff']:.2e}"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(args.json, report)
     return report
 
 

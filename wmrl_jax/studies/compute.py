@@ -36,7 +36,7 @@ from wmrl_jax.studies import analysis, exact
 from wmrl_jax.studies.oracle import replay_oracle
 from wmrl_jax.studies.runs import parse_variant, real_cell, real_cells, study_runs  # noqa: F401
 from wmrl_jax.studies.smoothing import trailing_mean
-from wmrl_jax.train import builder, loop
+from wmrl_jax.train import builder, distributed, loop
 from wmrl_jax.train.config import override
 from wmrl_jax.train.cost import CostModel
 from wmrl_jax.train.ledger import Ledger
@@ -116,24 +116,15 @@ def _run_seed(job: tuple[dict, str, int, tuple]) -> tuple[int, dict[str, tuple[d
         start = time.perf_counter()
         summary = _train(run_config, path, outcomes, b, tasks, every)
         out[label] = (summary, time.perf_counter() - start)
-        _write_json(os.path.join(path, FINISHED), {**record, "summary": summary,
-                                                   "wall": out[label][1]})  # fmt: skip
+        finished = {**record, "summary": summary, "wall": out[label][1]}
+        distributed.write_on_primary(
+            os.path.join(path, FINISHED), json.dumps(finished, default=float)
+        )
     return seed, out
 
 
 # A finished run's summary, beside its metrics; read back instead of training again.
 FINISHED = "study_run.json"
-
-
-def _jsonable(value):
-    return json.loads(json.dumps(value, default=float))
-
-
-def _write_json(path: str, value) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, default=float)
-    os.replace(tmp, path)
 
 
 def _finished(path: str, record: dict) -> tuple[dict, float] | None:
@@ -144,7 +135,7 @@ def _finished(path: str, record: dict) -> tuple[dict, float] | None:
             done = json.load(f)
     except (OSError, ValueError):
         return None
-    mine = _jsonable(record)
+    mine = json.loads(json.dumps(record, default=float))  # As it was written.
     if {k: done.get(k) for k in mine} != mine:
         return None
     return done["summary"], float(done["wall"])
