@@ -62,3 +62,23 @@ def test_an_engine_refusal_is_not_blamed_on_a_missing_engine(docker_executor, mo
     assert result.status == "infra_error", result
     assert result.message.startswith("the Docker engine refused a request during the run")
     assert "invalid mount config" in result.message and "start an engine" not in result.message
+
+
+def test_a_container_stopped_under_the_program_points_at_the_engine(docker_executor, monkeypatch):
+    # An engine shutting down stops the containers first; the next request about the
+    # program is then refused (409: not running). That is the engine's failure, not a
+    # refusal of the request, and the message says how to get an engine back.
+    import docker
+
+    create = docker.api.client.APIClient.exec_create
+
+    def stop_first(api, container, *args, **kwargs):
+        api.kill(container)
+        api.wait(container)
+        return create(api, container, *args, **kwargs)
+
+    monkeypatch.setattr(docker.api.client.APIClient, "exec_create", stop_first)
+    result = docker_executor.run("print(1)")
+    assert result.status == "infra_error", result
+    assert result.message.startswith("Docker engine failed during the run"), result.message
+    assert "is not running" in result.message and "start an engine" in result.message

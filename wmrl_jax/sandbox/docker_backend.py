@@ -98,6 +98,17 @@ _ENV = {
 }
 
 
+def _stopped(container) -> bool:
+    """Whether a program's container stopped under it, or no engine answers for it."""
+    if container is None:
+        return False
+    try:
+        container.reload()
+    except Exception:  # no engine answers, or it removed the container
+        return True
+    return not container.attrs["State"]["Running"]
+
+
 def _exit_status(code: int | None, *, timed_out: bool, oom: bool) -> str:
     """The result status from the exit code (negative: killed by that signal)."""
     if timed_out:
@@ -333,9 +344,10 @@ class DockerExecutor(BaseExecutor):
         except Exception as e:  # the program's failures are results; these are the engine's
             if self._closing or (container is not None and container.id in self._evicted):
                 why = "the executor was closed during the run (its container was removed)"
-            elif isinstance(e, docker.errors.APIError):  # the engine answered: its words say why
+            elif isinstance(e, docker.errors.APIError) and not _stopped(container):
+                # The engine answered and the program's container runs: its words say why.
                 why = f"the Docker engine refused a request during the run ({e})"
-            else:
+            else:  # the engine is gone, or it stopped the container (e.g. shutting down)
                 why = f"Docker engine failed during the run ({type(e).__name__}: {e})"
                 why += f"; {ENGINE_HINT}"
             return infra_error(why, wall_seconds=time.monotonic() - start)
