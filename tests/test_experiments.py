@@ -112,17 +112,18 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     # A study of four arms, then extended by the fifth: only that one runs again.
     four = "--config.study.arms=('real','anchors_only','wm_naive','wmrl')"
     first = run(four)
-    # Run again (as after a kill), its finished runs are read back, not trained again.
+    # Run again (as after a kill), its finished runs are read back, not trained again,
+    # also when only the study's own section changed (it is read by no run).
     metrics = tmp_path / "study" / "runs" / "wmrl_seed0" / "metrics.jsonl"
     mtime = metrics.stat().st_mtime_ns
-    again = run(four)
+    again = run(four, "--config.study.smooth=2")
     assert metrics.stat().st_mtime_ns == mtime
 
     def lines(log):
         return sorted(line[line.index("seed ") :] for line in log.splitlines() if " s wall" in line)
 
     assert len(lines(first)) == 4 and lines(again) == lines(first)
-    log = run("--extend", f"--readme={readme}")
+    log = run("--extend", "--config.study.smooth=2", f"--readme={readme}")
     assert "wmrl_plus: held-out" in log and "wmrl: held-out" not in log
     results = json.loads((tmp_path / "study" / "results.json").read_text())
     arms = {"real", "anchors_only", "wm_naive", "wmrl", "wmrl_plus"}

@@ -102,7 +102,7 @@ def _run_seed(job: tuple[dict, str, int, tuple]) -> tuple[int, dict[str, tuple[d
         run_config = override(config, seed=config.seed + seed, **overrides)
         path = os.path.join(workdir, "runs", f"{label}_seed{seed}")
         every = int(config.study.get("exact_every", 0))
-        record = {"config": run_config.to_dict(), "exact_every": every}
+        record = {"config": _run_identity(run_config.to_dict()), "exact_every": every}
         done = _finished(path, record)
         if done is not None:  # A killed study loses only its unfinished runs.
             out[label] = done
@@ -136,9 +136,18 @@ def _finished(path: str, record: dict) -> tuple[dict, float] | None:
     except (OSError, ValueError):
         return None
     mine = json.loads(json.dumps(record, default=float))  # As it was written.
+    if isinstance(done.get("config"), dict):  # Written before the identity left `study` out.
+        done["config"] = _run_identity(done["config"])
     if {k: done.get(k) for k in mine} != mine:
         return None
     return done["summary"], float(done["wall"])
+
+
+def _run_identity(config: dict) -> dict:
+    """What makes a run the same run: its config without `study`, which names the set of
+    runs (sweeps, seeds, arms) and is read by no run. A sweep grown by a column, or the
+    paired study's arms rerun by the main one, reads the runs it already has back."""
+    return {k: v for k, v in config.items() if k != "study"}
 
 
 def _train(config, path: str, outcomes, built, tasks, every: int) -> dict:
