@@ -39,6 +39,25 @@ def test_the_verdict_is_a_paired_rise_beyond_two_standard_errors():
     assert not main_job.analyse(_runs([(0.3, 0.9)]))["improves_heldout"]
 
 
+def test_under_replay_the_verdict_reads_the_exact_measure():
+    # The sampled measure rises by 0.11 (se 0.006); the exact one by 0.01, 0.03, -0.01
+    # (mean 0.01, sd 0.02, se 0.01155): the declared exact measure decides, no gain.
+    runs = _runs([(0.40, 0.50), (0.40, 0.52), (0.30, 0.41)])
+    for r, (b, a) in zip(runs.values(), [(0.40, 0.41), (0.42, 0.45), (0.38, 0.37)], strict=True):
+        r.update(exact_before=b, exact_after=a)
+    a = main_job.analyse(runs)
+    assert a["measure"] == "exact" and not a["improves_heldout"]
+    assert a["rise"]["mean"] == pytest.approx(0.01)
+    assert a["rise"]["se"] == pytest.approx(0.02 / 3**0.5)
+    assert a["rise_sampled"]["mean"] == pytest.approx(0.11)
+    text = main_job.headline({"runs": runs, "analysis": a})
+    assert "exact expected held-out percentile by +0.010" in text
+    assert "(the sampled measure: +0.110" in text
+    # A run without the exact measure (e.g. executed for real): the sampled one decides.
+    del runs["2"]["exact_after"]
+    assert main_job.analyse(runs)["measure"] == "sampled"
+
+
 def test_command_runs_each_seed_writes_the_report_and_reads_finished_runs_back(
     tmp_path, monkeypatch
 ):
@@ -56,16 +75,29 @@ def test_command_runs_each_seed_writes_the_report_and_reads_finished_runs_back(
         assert 0.0 <= r["heldout_before"] <= 1.0 and 0.0 <= r["heldout_after"] <= 1.0
         assert r["executions"] > 0
     assert results["analysis"]["rise"]["n"] == 2
-    assert "| 0 |" in page.read_text() and "seeds" in readme.read_text()
-    # Finished seeds are read back, not trained again; a lost one is rerun alone.
+    # Replayed: the exact measure, declared, decides; the sampled one is beside it.
+    assert results["analysis"]["measure"] == "exact"
+    for r in results["runs"].values():
+        assert 0.0 <= r["exact_before"] <= 1.0 and 0.0 <= r["exact_after"] <= 1.0
+    assert "| 0 |" in page.read_text() and "exact expected" in readme.read_text()
+    # Finished seeds are read back, not trained again; a lost one is rerun alone, and one
+    # that finished before the exact measure gets it from its last checkpoint: the same
+    # values as the trained params gave.
     shutil.rmtree(workdir / "seed_1")
-    trained = []
-    real = main_job.loop.train_and_evaluate
+    path = workdir / "seed_0" / "summary.json"
+    old = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in old.items() if not k.startswith("exact_")}))
+    steps = []
+    real = main_job.loop.Trainer._step
 
-    def counting(config, workdir):
-        trained.append(config.seed)
-        return real(config, workdir)
+    def counting(self, step):
+        steps.append((self.config.seed, step))
+        return real(self, step)
 
-    monkeypatch.setattr(main_job.loop, "train_and_evaluate", counting)
+    monkeypatch.setattr(main_job.loop.Trainer, "_step", counting)
     main_job.run_and_report(config, str(workdir), str(readme), None)
-    assert trained == [1]
+    assert steps == [(1, 1), (1, 2)]
+    again = json.loads((workdir / "results.json").read_text())["runs"]
+    assert again["0"] == results["runs"]["0"]
+    measures = ("heldout_before", "heldout_after", "exact_before", "exact_after")
+    assert {k: again["1"][k] for k in measures} == {k: results["runs"]["1"][k] for k in measures}
