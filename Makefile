@@ -35,7 +35,7 @@ regime: $(STAMP)
 	$(PY) -m experiments.regime --config=experiments/configs/regime.py:ppi --workdir=outputs/regime --extend --readme=README.md --docs=docs/regime.md
 
 main-seeds: $(STAMP)
-	$(PY) -m experiments.main_job --config=experiments/configs/main_job.py --workdir=outputs/main_job --readme=README.md --docs=docs/main_job.md
+	$(PY) -m experiments.main_job --config=experiments/configs/main_job.py --config.train.executor.kind=replay --workdir=outputs/main_job --readme=README.md --docs=docs/main_job.md
 
 controlled: $(STAMP)
 	$(PY) -m experiments.controlled --config=experiments/configs/controlled.py --workdir=outputs/controlled --readme=README.md --docs=docs/controlled_study.md

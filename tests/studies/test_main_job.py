@@ -23,6 +23,9 @@ def test_the_verdict_is_a_paired_rise_beyond_two_standard_errors():
     assert up["improves_heldout"] and up["rise"]["n"] == 3
     assert up["rise"]["mean"] == pytest.approx(0.11)
     assert up["rise"]["se"] == pytest.approx(0.01 / 3**0.5)
+    said = main_job.headline({"runs": _runs([(0.40, 0.50), (0.40, 0.52), (0.30, 0.41)]),
+                              "analysis": up})  # fmt: skip
+    assert "more than two standard errors (19.1)" in said
     # The three replayed seeds measured before the task observations: +0.116, +0.055,
     # -0.091: mean +0.027, se 0.061, not a gain.
     mixed = main_job.analyse(_runs([(0.386, 0.502), (0.437, 0.492), (0.407, 0.316)]))

@@ -220,7 +220,7 @@ def headline(results: dict) -> str:
     if a["improves_heldout"]:
         return (
             f"Over {rise['n']} seeds the main job raises the {what} "
-            f"by {span}: more than two standard errors."
+            f"by {span}: more than two standard errors ({rise['mean'] / rise['se']:.1f})."
         )
     runs = results["runs"].values()
     fed = (np.mean([r["fed_reward_first5"] for r in runs]),
