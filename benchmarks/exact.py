@@ -2,8 +2,9 @@ r"""Exact evaluation's cost: `studies.exact.recipe_probs` against a full-sequenc
 
     python -m benchmarks.exact [--repeats 5] [--json out.json]
 
-`recipe_probs` scores every recipe of every task by one causal pass over the
-distinct prefixes of S-1 slots (96 rows per task on the recipe benchmark);
+`recipe_probs` scores every recipe of every task from one pass of the prompt
+into a key/value cache and one of the distinct prefixes of S-1 slots on copies
+of it (96 rows of 2 tokens per task on the recipe benchmark);
 the anchor, `full_sequence`, teacher-forces all R = 288 recipes (the
 straightforward version, which `recipe_probs` replaced). Both run jitted on
 the same tasks (the core suite's training and held-out tasks) and the
