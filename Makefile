@@ -23,10 +23,10 @@ study: $(STAMP)
 # The best real baseline, picked on seeds the study does not report (table.md names it),
 # then the exact, paired comparison on 10 seeds: make study-paired BEST_REAL=<its label>.
 study-realsweep: $(STAMP)
-	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:realsweep --workdir=outputs/study_compute_realsweep
+	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:realsweep --workdir=outputs/study_compute_realsweep --docs=docs/compute_study.md
 
 study-paired: $(STAMP)
-	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:paired --workdir=outputs/study_compute_paired --config.study.best_real=$(BEST_REAL)
+	$(PY) -m experiments.study_compute --config=experiments/configs/study_compute.py:paired --workdir=outputs/study_compute_paired --config.study.best_real=$(BEST_REAL) --docs=docs/compute_study.md
 
 # The regime map (world-model quality x execution cost x model size) against the real
 # sweep's pick (run study-realsweep first): `wmrl`, then `wmrl_ppi` added with --extend.

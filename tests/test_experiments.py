@@ -149,6 +149,23 @@ def test_compute_study_runlocal_writes_its_outputs(tmp_path):
     assert "![compute study](study_compute.png)" in text
     head = readme.read_text()
     assert "old" not in head and "Does it beat `anchors_only`?" in head
+    # A study with its own section (the real sweep's, the paired study's) writes that
+    # section of the page, with its own plot, and no README headline.
+    from wmrl_jax.studies import compute_report
+
+    payload = json.loads((tmp_path / "study" / "results.json").read_text())
+    payload["config"]["study"]["section"] = "paired"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps(payload))
+    page.write_text("<!-- study:begin -->\nS\n<!-- study:end -->\n"
+                    "<!-- paired:begin -->\nP\n<!-- paired:end -->\n")  # fmt: skip
+    compute_report.render(str(other), None, str(page))
+    text = page.read_text()
+    assert "\nS\n" in text and "\nP\n" not in text and "| wmrl |" in text
+    assert "![compute study](study_compute_paired.png)" in text
+    assert (page.parent / "study_compute_paired.png").is_file()
+    assert readme.read_text() == head
     assert "| wmrl |" not in head and "`wmrl_plus`" not in head
     proc = subprocess.run(  # --extend refuses a study that ran with another config
         cmd + ["--extend", "--config.num_steps=7"], cwd=REPO, capture_output=True, text=True,

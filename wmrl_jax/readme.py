@@ -19,6 +19,8 @@ DOCS_DIR = "docs"
 # Each generated section and the page under docs/ that holds it in full.
 PAGES = {
     "study": "compute_study.md",
+    "realsweep": "compute_study.md",  # The real sweep and the paired study: the same page.
+    "paired": "compute_study.md",
     "controlled": "controlled_study.md",
     "embodied": "embodied.md",
     "board-checks": "tasks.md",

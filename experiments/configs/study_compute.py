@@ -92,6 +92,7 @@ def get_config(arg: str | None = None):
     config.study.real_sweep_groups = ()
     config.study.real_sweep_lr = ()
     config.study.best_real = ""
+    config.study.section = "study"  # Its section of docs/compute_study.md (`--docs`).
     if arg == "runlocal":
         config.tasks.suite = "core"
         config.tasks_per_step = 4
@@ -111,6 +112,7 @@ def get_config(arg: str | None = None):
         # (1000, 1001, 1002); then run it beside the arms with `:paired`.
         config.seed = 1000
         config.study.num_seeds = 3
+        config.study.section = "realsweep"
         # Run at the first cap (800 updates), before it was raised: its cells that stopped
         # there (below the budget) are picked only if they lead with less compute.
         config.num_steps = config.optimizer.total_steps = config.checkpoint.every = 800
@@ -123,6 +125,7 @@ def get_config(arg: str | None = None):
         # sweep's pick with --config.study.best_real=<label> (or --extend it later).
         config.study.num_seeds = 10
         config.study.arms = ("real", "anchors_only", "wmrl")
+        config.study.section = "paired"
     elif arg == "sweeps":
         config.study.rho_sweep = (0.05, 0.2, 0.3)
         config.study.warm_sweep = (40, 600)

@@ -68,6 +68,7 @@ def run_study(
         seed, summaries = item
         by_seed[seed] = summaries
         for label, (summary, wall) in summaries.items():
+            summary["wall_seconds"] = wall  # Its own, also when it was read back.
             log(
                 f"seed {seed} {label:>22}: held-out {summary['heldout_before']:.3f} -> "
                 f"{summary['heldout_after']:.3f}, compute {summary['compute_seconds']:.0f} s, "

@@ -24,7 +24,7 @@ import time
 import ml_collections
 from absl import logging
 
-from wmrl_jax.readme import report_paths, write_report
+from wmrl_jax.readme import HEADLINES, report_paths, write_report
 from wmrl_jax.studies import analysis, report
 from wmrl_jax.studies import compute as study
 from wmrl_jax.studies import compute_paired as paired
@@ -32,6 +32,14 @@ from wmrl_jax.train import cost
 from wmrl_jax.train.summary import write_json
 
 SECTION = "study"  # <!-- study:begin --> in docs/compute_study.md, study-headline in the README.
+
+
+def section_of(config) -> str:
+    """The docs section a study writes: `config.study.section` (the real sweep and the paired
+    study have their own on the same page, and no README headline), else `SECTION`."""
+    return config["study"].get("section", SECTION)
+
+
 # The arms beyond the paper, each with the idea it adds to `wmrl`.
 BEYOND = {
     "wmrl_memory": "anchor memory",
@@ -102,7 +110,7 @@ def run_and_report(
 
     With `extend`, only the runs `workdir/results.json` lacks (`earlier_runs`).
     """
-    report_paths(SECTION, readme, docs)  # Missing pages fail now, not after the study.
+    report_paths(section_of(config), readme, docs)  # Missing pages fail now, not after it.
     start = time.perf_counter()
     runs, earlier_wall = earlier_runs(config, workdir) if extend else ({}, 0.0)
     results = study.run_study(config, workdir, log=logging.info, skip=runs)
@@ -110,7 +118,14 @@ def run_and_report(
     # Every eval point and every step's metrics: what `render` plots from.
     runs.update(
         {
-            k: [{key: s[key] for key in ("history", "steps", "exact_start") if key in s} for s in v]
+            k: [
+                {
+                    key: s[key]
+                    for key in ("history", "steps", "exact_start", "wall_seconds")
+                    if key in s
+                }
+                for s in v
+            ]
             for k, v in results.items()
         }
     )
@@ -307,10 +322,13 @@ def _variant_lines(analysis: dict, few: bool) -> list[str]:
 def render(workdir: str, readme: str | None = None, docs: str | None = None) -> None:
     """Tables, the plot (and the docs page's section, the README's headline) from
     `workdir/results.json`; `docs` defaults to the study's page beside `readme`."""
-    readme, docs = report_paths(SECTION, readme, docs)
     with open(os.path.join(workdir, "results.json")) as f:
         payload = json.load(f)
     config, analysis = payload["config"], payload["analysis"]
+    section = section_of(config)
+    readme, docs = report_paths(section, readme, docs)
+    if section not in HEADLINES:  # Its docs section only.
+        readme = None
     arms = list(config["study"]["arms"])
     plot = os.path.join(workdir, "study_compute.png")
     report.plot_compute_study(payload["runs"], arms, plot, step_series=study.step_series)
@@ -333,16 +351,17 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
     print("\n".join(parts))
     if docs is None:  # Neither --readme nor --docs.
         return
-    # The plot beside the docs page, which links it by name.
-    shutil.copy(plot, os.path.dirname(os.path.abspath(docs)))
+    # The plot beside the docs page, which links it by name (one per section).
+    image = "study_compute.png" if section == SECTION else f"study_compute_{section}.png"
+    shutil.copy(plot, os.path.join(os.path.dirname(os.path.abspath(docs)), image))
     budget = config["budget"]["compute_seconds"]
     body = [
         f"`python -m experiments.study_compute` ({config['study']['num_seeds']} seeds; every "
         f"run spends the same measured compute, {budget:.0f} s of generation + WM + execution, "
         f"evaluated at {config['budget']['eval_points']} equal steps of it, or stops at "
-        f"{config['num_steps']} updates; {payload['wall_seconds'] / 60:.0f} min on this CPU).",
+        f"{config['num_steps']} updates; {_wall_minutes(payload):.0f} min of runs on this CPU).",
         "",
-        headline(analysis),
+        headline(analysis) if "wmrl" in analysis else _sweep_line(payload),
         *(["", " ".join(paired.exact_lines(exact))] if exact is not None else []),
         "",
         "Measured ledger:",
@@ -361,6 +380,9 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
             "measured execution seconds:",
             "",
             report.format_study_table(payload["analysis_modelled"], arms),
+        ]
+    if "analysis_modelled" in payload and "wmrl" in analysis:
+        body += [
             "",
             "Where the world model pays for itself, over the model size N (modelled ledger):",
             "",
@@ -371,5 +393,23 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
     if exact is not None:
         body += ["", "Exact expected values, paired over seeds:", "",
                  paired.format_exact_table(exact)]  # fmt: skip
-    body += ["", "![compute study](study_compute.png)"]
-    write_report(SECTION, "\n".join(body), short_headline(analysis), readme=readme, docs=docs)
+    body += ["", f"![compute study]({image})"]
+    said = short_headline(analysis) if readme is not None else ""
+    write_report(section, "\n".join(body), said, readme=readme, docs=docs)
+
+
+def _wall_minutes(payload: dict) -> float:
+    """The study's wall minutes: its runs' own, summed (runs read back from an earlier,
+    interrupted invocation included), else the last invocation's."""
+    walls = [r.get("wall_seconds") for runs in payload["runs"].values() for r in runs]
+    if walls and all(w is not None for w in walls):
+        return sum(walls) / 60
+    return payload["wall_seconds"] / 60
+
+
+def _sweep_line(payload: dict) -> str:
+    """What a study without `wmrl` (the real sweep) says in place of the arms' headline."""
+    cells = [label for label in payload["analysis"] if label.startswith("real")]
+    pick = payload.get("best_real")
+    said = f"{len(cells)} `real` cells"
+    return said + (f"; the declared rule picks `{pick}`." if pick else ".")
