@@ -325,7 +325,10 @@ def main(argv=None) -> list[dict]:
     )
     parser.add_argument("--meshes", default="config,single", help="config: 8 devices; single: one")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--readme", default=None, help="rewrite its aot section")
+    parser.add_argument("--readme", default=None, help="rewrite its --section")
+    parser.add_argument(
+        "--section", default="aot", help="the README's marked section the table goes to"
+    )
     parser.add_argument(
         "--from-json", default="", help="comma list of earlier runs' PATH[:part+part] to tabulate"
     )
@@ -368,7 +371,7 @@ def report(results: list[dict], args) -> list[dict]:
             for r in results
         )
         note = f"Target: {', '.join(targets)}. Compiled depths (of full width): {depths}."
-        write_section(args.readme, "aot", f"{note}\n\n{body}")
+        write_section(args.readme, args.section, f"{note}\n\n{body}")
     return results
 
 

@@ -143,3 +143,20 @@ def test_device_check_cpu_fallback(tmp_path):
     train = json.loads((tmp_path / "train_qwen3.json").read_text())
     assert train["plan_bytes"] > 0 and train["mfu"] > 0
     assert json.loads((tmp_path / "sandbox.json").read_text())["status"] in ("skipped", "ok")
+
+
+def test_committed_results_tabulate_into_their_section(tmp_path):
+    # The committed compile results (benchmarks/aot_results/) make the README's tables
+    # without compiling: each run's rows go to the section --section names.
+    results = os.path.join(os.path.dirname(aot.__file__), "aot_results", "qwen3_5_train.json")
+    page = tmp_path / "README.md"
+    page.write_text(
+        "<!-- aot:begin -->\nA\n<!-- aot:end -->\n<!-- x:begin -->\nB\n<!-- x:end -->\n"
+    )
+    rows = aot.main(["--from-json", results, "--readme", str(page), "--section", "x"])
+    text = page.read_text()
+    assert "\nA\n" in text and "\nB\n" not in text
+    assert {(r["model"], tuple(r["mesh"])) for r in rows} <= {
+        (m, mesh) for m in ("qwen3.5-9b", "qwen3.5-4b") for mesh in ((1, 8, 1), (1, 1, 1))
+    }
+    assert "| qwen3.5-9b | 1x8x1, 8 | train |" in text
