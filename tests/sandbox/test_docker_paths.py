@@ -82,3 +82,50 @@ def test_a_container_stopped_under_the_program_points_at_the_engine(docker_execu
     assert result.status == "infra_error", result
     assert result.message.startswith("Docker engine failed during the run"), result.message
     assert "is not running" in result.message and "start an engine" in result.message
+
+
+def _lose_tar_output(monkeypatch, times: int) -> list:
+    """The engine loses the output of the first `times` output-archive execs (their
+    stream comes back empty, as when a short exec ends before it is attached)."""
+    import docker
+
+    create, start = docker.api.client.APIClient.exec_create, docker.api.client.APIClient.exec_start
+    tar_ids, lost = set(), []
+
+    def record(api, container, cmd, *args, **kwargs):
+        out = create(api, container, cmd, *args, **kwargs)
+        if cmd[0] == "tar":
+            tar_ids.add(out["Id"])
+        return out
+
+    def lose(api, exec_id, *args, **kwargs):
+        if exec_id in tar_ids and len(lost) < times:
+            lost.append(exec_id)
+            return iter(())
+        return start(api, exec_id, *args, **kwargs)
+
+    monkeypatch.setattr(docker.api.client.APIClient, "exec_create", record)
+    monkeypatch.setattr(docker.api.client.APIClient, "exec_start", lose)
+    return lost
+
+
+WRITES_OUTPUT = "open('output/a.txt', 'w').write('kept')\nprint('done')"
+
+
+def test_a_lost_output_archive_is_read_again(docker_executor, monkeypatch, caplog):
+    lost = _lose_tar_output(monkeypatch, times=1)
+    result = docker_executor.run(WRITES_OUTPUT)
+    assert len(lost) == 1
+    assert result.status == "ok", result
+    assert result.files == {"a.txt": b"kept"} and result.stdout == "done\n"
+    assert "output archive unreadable" in caplog.text
+
+
+def test_an_output_archive_lost_every_time_is_an_infra_error(docker_executor, monkeypatch):
+    from wmrl_jax.sandbox.docker_backend import OUTPUT_READS
+
+    lost = _lose_tar_output(monkeypatch, times=OUTPUT_READS)
+    result = docker_executor.run(WRITES_OUTPUT)
+    assert len(lost) == OUTPUT_READS
+    assert result.status == "infra_error", result
+    assert f"unreadable {OUTPUT_READS} times" in result.message, result.message

@@ -84,7 +84,8 @@ def test_two_engines_share_the_work_within_their_slots(second_engine, docker_ava
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)]
     assert sorted(pool.per_worker) == sorted(urls) and sum(pool.per_worker.values()) == 6
     assert peak[urls[0]] <= 1 and peak[URL_B] <= 2, peak  # back-pressure: never over the slots
-    assert pool.stats["submitted"] == pool.stats["results"] == 6 and pool.stats["lost"] == 0
+    assert pool.stats["submitted"] == pool.stats["results"] == 6
+    assert pool.stats["lost"] == 0, list(pool.lost_reasons)
 
 
 def test_engine_killed_mid_batch_reruns_elsewhere_and_comes_back(second_engine, docker_available):

@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import shutil
+import tarfile
 import tempfile
 import threading
 import time
@@ -61,6 +62,9 @@ from wmrl_jax.sandbox.result import (
 )
 
 log = logging.getLogger(__name__)
+
+# Reads of the output archive before a run is an infra_error (see `_collect_outputs`).
+OUTPUT_READS = 3
 
 WORK_DIR = "/work"
 CODE_DIR = "/sandbox"  # the program and its files, mounted read-only, copied into /work
@@ -433,15 +437,26 @@ class DockerExecutor(BaseExecutor):
         """The program's output files, through tar inside the container (the engine's
         archive API does not see tmpfs mounts)."""
         api = self.client.api
-        tar_id = api.exec_create(
-            container.id,
-            # --sparse: a file's holes are not sent (a sparse 200 MiB file costs nothing)
-            ["tar", "--sparse", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
-            user=f"{USER}:{USER}",
-            stderr=False,
-        )["Id"]
-        chunks = (o for o, _ in api.exec_start(tar_id, stream=True, demux=True) if o)
-        return container_io.untar_outputs(chunks, self.limits.output_bytes)
+        for attempt in range(1, OUTPUT_READS + 1):
+            tar_id = api.exec_create(
+                container.id,
+                # --sparse: a file's holes are not sent (a sparse 200 MiB file costs nothing)
+                ["tar", "--sparse", "-C", WORK_DIR, "-cf", "-", OUTPUT_NAME],
+                user=f"{USER}:{USER}",
+                stderr=False,
+            )["Id"]
+            chunks = (o for o, _ in api.exec_start(tar_id, stream=True, demux=True) if o)
+            try:
+                return container_io.untar_outputs(chunks, self.limits.output_bytes)
+            except tarfile.ReadError as e:
+                # The engine can lose a short exec's output (it ended before its stream
+                # was attached; seen under load as an empty archive). The files are
+                # still there: read them again, a bounded number of times.
+                if attempt == OUTPUT_READS:
+                    raise RuntimeError(
+                        f"the output archive came back unreadable {attempt} times ({e})"
+                    ) from e
+                log.warning("output archive unreadable (%s); reading it again", e)
 
     @staticmethod
     def _oom(container) -> bool:

@@ -15,7 +15,8 @@ it may have run in part or in whole, and may still be running there) only
 with `rerun_lost`, else its result is that "infra_error".
 Every submitted program resolves exactly once: a retried program is counted
 once in `stats["results"]`, its lost attempts in `stats["lost"]` (and their
-seconds in `stats["lost_seconds"]`), never as results. With `deadline_s`, a
+seconds in `stats["lost_seconds"]`, the last reasons in `lost_reasons`), never as
+results. With `deadline_s`, a
 program not finished that long after its submission resolves as an
 "infra_error" whose message starts with `DEADLINE_MESSAGE` (counted in
 `stats["dropped"]`), so a slow node cannot stall a training step: the
@@ -41,6 +42,7 @@ DEADLINE_MESSAGE = "deadline passed"
 # raises OverflowError in its thread, so a deadline meant as "no limit" (1e10 s) is
 # waited for in slices instead.
 MAX_WAIT_S = 3600.0
+LOST_REASONS_KEPT = 32  # The most recent lost attempts' reasons, kept in `lost_reasons`.
 STAT_NAMES = ("submitted", "results", "lost", "lost_seconds", "retries", "dropped", "late")
 
 
@@ -131,6 +133,10 @@ class FanOut:
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self.stats["lost_seconds"] = 0.0
         self.per_worker: dict[str, int] = collections.Counter()
+        # (worker, message) of the most recent lost attempts: why a retry happened.
+        self.lost_reasons: collections.deque[tuple[str, str]] = collections.deque(
+            maxlen=LOST_REASONS_KEPT
+        )
         for worker in workers:
             self._add(worker)
         self._callbacks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fanout")
@@ -373,6 +379,10 @@ class FanOut:
             elif result.status == "infra_error":
                 self.stats["lost"] += 1
                 self.stats["lost_seconds"] += result.wall_seconds
+                self.lost_reasons.append((worker.name, result.message))
+                log.warning(
+                    "a program came back from %s as infra_error: %s", worker.name, result.message
+                )
                 job.tried.add(worker.name)
                 rerun = self.rerun_lost or not died_under
                 if rerun and job.attempts <= self.max_retries and not self._closed:
