@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install run study study-realsweep study-paired regime controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
+.PHONY: install run study study-realsweep study-paired regime regime-controlled controlled embodied test lint bench engine sandbox-image sandbox-image-cuda trainer-image trainer-image-docker fixtures clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ study-paired: $(STAMP)
 regime: $(STAMP)
 	$(PY) -m experiments.regime --config=experiments/configs/regime.py --workdir=outputs/regime
 	$(PY) -m experiments.regime --config=experiments/configs/regime.py:ppi --workdir=outputs/regime --extend --readme=README.md --docs=docs/regime.md
+
+# The same map in the controlled study: novel programs, truth known (minutes).
+regime-controlled: $(STAMP)
+	$(PY) -m experiments.controlled_regime --config=experiments/configs/controlled.py:regime --workdir=outputs/regime_controlled --readme=README.md --docs=docs/regime.md
 
 main-seeds: $(STAMP)
 	$(PY) -m experiments.main_job --config=experiments/configs/main_job.py --config.train.executor.kind=replay --workdir=outputs/main_job --readme=README.md --docs=docs/main_job.md

@@ -26,10 +26,11 @@ PAGES = {
     "board-checks": "tasks.md",
     "main-job": "main_job.md",
     "regime": "regime.md",
+    "regime-controlled": "regime.md",  # The controlled study's map, beside the real one.
     "wm-probe": "wm_probe.md",
 }
 # The sections that also write a headline into the README.
-HEADLINES = ("main-job", "study", "controlled", "embodied", "regime")
+HEADLINES = ("main-job", "study", "controlled", "embodied", "regime", "regime-controlled")
 
 
 def headline_marker(name: str) -> str:

@@ -3,12 +3,15 @@ r"""The controlled study: WMRL vs real-execution GRPO on a simulated environment
     python -m experiments.controlled --config=experiments/configs/controlled.py
 
 Variants: ``--config=experiments/configs/controlled.py:runlocal`` (a few
-seconds, for tests and smoke runs). Override any field, e.g.
+seconds, for tests and smoke runs); ``:regime`` the regime map in this
+environment (``python -m experiments.controlled_regime``), ``:regime_runlocal``
+its tiny version. Override any field, e.g.
 ``--config.anchor_fraction=0.2 --config.world_model.noise=0.3``.
 """
 
 import ml_collections
 
+from experiments.configs import study_compute
 from wmrl_jax.train.config import adaptive_rho_config, reliability_config
 
 
@@ -34,6 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.env.num_tasks = 64
     config.env.num_candidates = 16
     config.env.real_noise = 0.1
+    # Each sample a new program: its quality is its candidate's plus N(0, novelty²) (0:
+    # candidates recur, as the replay table's recipes do).
+    config.env.novelty = 0.0
 
     config.world_model = ml_collections.ConfigDict()
     # "additive": distort(q) + blind spot + noise·N(0, 1); "copula": distort(q) scrambled
@@ -68,6 +74,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The WM's blind-spot fraction swept in one table (where each arm wins).
     config.blind_spot_sweep = (0.0, 0.05, 0.15, 0.3)
 
+    # The regime map in this environment (`:regime`, `python -m experiments.controlled_regime`):
+    # the world-model arms at each target q against the real-execution cells, priced at
+    # each execution cost and model size with the compute study's token lengths.
+    config.regime = ml_collections.ConfigDict()
+    config.regime.arms = ("wmrl", "wmrl_ppi")
+    config.regime.q = (0.0, 0.2, 0.4, 0.6, 0.8)
+    config.regime.real_groups = (5, 10)  # Beside `real` (tasks_per_step) and anchors_only.
+    # Seconds per execution: 1.5 is the replay table's recorded mean; then MLE-Dojo's minutes.
+    config.regime.costs = (1.5, 30.0, 300.0, 1800.0)
+    config.regime.params = (1e9, 9e9)
+    config.cost_model = study_compute.get_config().cost_model
+
     config.smooth = 20
     # Declared before any run: the paired difference of final true reward within which an
     # estimator counts as level with its control (the compute study's margin too).
@@ -85,7 +103,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.arms = (
             "real", "anchors_only", "wm_naive", "wm_debias", "wmrl", "wmrl_plus", "wmrl_ppi",
         )  # fmt: skip
+    elif arg in ("regime", "regime_runlocal"):
+        # The synthetic world model of the replay map (a target within-group Spearman, no
+        # blind spots) and novel programs: each sample its candidate's quality + N(0, 0.15²).
+        config.world_model.kind = "copula"
+        config.world_model.blind_spot_fraction = 0.0
+        config.env.novelty = 0.15
+        if arg == "regime_runlocal":
+            config.num_seeds, config.num_steps, config.env.num_tasks = 2, 30, 16
+            config.tasks_per_step, config.smooth = 10, 5
+            config.regime.q, config.regime.real_groups = (0.0, 0.8), (5,)
+            config.regime.costs, config.regime.params = (1.5, 300.0), (1e9,)
     elif arg:
-        raise ValueError(f"unknown config variant {arg!r} (known: runlocal)")
+        raise ValueError(
+            f"unknown config variant {arg!r} (known: runlocal, regime, regime_runlocal)"
+        )
     config.lock()
     return config

@@ -18,6 +18,14 @@ that change the advantages (`wmrl_jax.core.ppi`): ``wmrl_ppi``
 zero-mean WM control variate) and ``wmrl_weighted`` (``wmrl`` with its
 WM-scored groups' advantages scaled by the online reliability λ).
 
+Programs recur by default: a task's K candidates are the whole space, as in the
+replay table. With ``config.env.novelty`` > 0 every sample is a new program
+around its candidate (the candidate is its idea): its true quality is the
+candidate's plus fresh zero-mean noise of that standard deviation, which its
+real executions and the world model see and a memory of earlier executions of
+the candidate does not; the policy's expected true reward is unchanged (the
+candidates' qualities).
+
 One arm for all seeds is a single jitted function of a key (a `lax.scan`
 over steps, `jax.vmap` over seeds). Because the ground truth is known, every
 step records the policy's expected true reward and the error of the rewards
@@ -49,6 +57,19 @@ from wmrl_jax.core.stats import group_rank_correlation, masked_mean
 from wmrl_jax.envs import simulated
 from wmrl_jax.studies.analysis import finite, reach
 from wmrl_jax.studies.smoothing import trailing_mean
+
+# The key stream (folded into a step's key) of the novel programs' own quality: apart
+# from the step's five, so that a run without novelty draws exactly what it always drew.
+NOVELTY_STREAM = 1_000_003
+
+
+def program_quality(step_key: jax.Array, candidate: jax.Array, novelty: float) -> jax.Array:
+    """The true quality of each sampled program: its candidate's, plus (novelty > 0: each
+    sample a new program) fresh N(0, novelty²) from the step key's novelty stream."""
+    if not novelty:  # Static: a run without novelty draws nothing more.
+        return candidate
+    fresh = jax.random.normal(jax.random.fold_in(step_key, NOVELTY_STREAM), candidate.shape)
+    return candidate + novelty * fresh
 
 
 class _Carry(NamedTuple):
@@ -209,6 +230,9 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         blind_spot_size=wm_cfg.blind_spot_size,
     )
     spec = simulated.WorldModelSpec(wm_cfg.offset, wm_cfg.scale, wm_cfg.gamma, wm_cfg.noise)
+    novelty = float(env_cfg.novelty)
+    if not novelty >= 0:
+        raise ValueError(f"config.env.novelty must be >= 0, got {novelty}")
     b, g = config.tasks_per_step, config.group_size
     # WM-free arms that do not execute every group train on the executed groups alone.
     masked = not arm_spec.world_model and arm_spec.executes != "all"
@@ -246,7 +270,7 @@ def run_arm(config: ml_collections.ConfigDict, arm: str, key: jax.Array) -> dict
         k_task, k_act, k_real, k_wm, k_anchor = jax.random.split(step_key, 5)
         tasks = jax.random.choice(k_task, env_cfg.num_tasks, (b,), replace=False)
         actions = jax.random.categorical(k_act, carry.logits[tasks], shape=(g, b)).T  # [B, G]
-        quality = env.quality[tasks[:, None], actions]
+        quality = program_quality(step_key, env.quality[tasks[:, None], actions], novelty)
         real = simulated.real_reward(k_real, quality, noise=env_cfg.real_noise)
         pred = _wm_prediction(k_wm, quality, env.blind_spot[tasks[:, None], actions], spec, wm_cfg)
         count = arms_lib.anchor_count(

@@ -97,7 +97,7 @@ class Axes:
                 yield c, n, dataclasses.replace(self.model, params=float(n), execution_seconds=c)
 
 
-def _ratios(base: np.ndarray, own: np.ndarray, base_total, own_total) -> dict:
+def censored_ratios(base: np.ndarray, own: np.ndarray, base_total, own_total) -> dict:
     """Per seed base / own compute-to-target, the censored seeds decided conservatively.
 
     A seed where the run never reaches the target within its updates counts as
@@ -118,7 +118,7 @@ def _ratios(base: np.ndarray, own: np.ndarray, base_total, own_total) -> dict:
 
 def ratio_summary(r: dict) -> dict:
     """Median and 5%-95% quantiles (a 90% interval) of per-seed ratios, the seeds, the
-    seeds where both reached the target, and how many are bounds (`_ratios`)."""
+    seeds where both reached the target, and how many are bounds (`censored_ratios`)."""
     ratios = r["ratios"]
     ok = np.isfinite(ratios)
     out = {
@@ -133,8 +133,14 @@ def ratio_summary(r: dict) -> dict:
 
 def q_realised(summaries: list[dict]) -> tuple[float | None, list]:
     """The runs' mean realised q (mean over steps, then seeds) and each seed's."""
+    return mean_over_steps(step_series(summaries, Q_KEY))
+
+
+def mean_over_steps(per_step) -> tuple[float | None, list]:
+    """Of a [seeds, steps] series (NaN: no value): the mean over steps, then over seeds,
+    and each seed's mean (None for a seed without a value)."""
     per_seed = [analysis.finite(np.nanmean(row)) if np.isfinite(row).any() else None
-                for row in step_series(summaries, Q_KEY)]  # fmt: skip
+                for row in np.asarray(per_step, np.float64)]  # fmt: skip
     got = [v for v in per_seed if v is not None]
     return (float(np.mean(got)) if got else None), per_seed
 
@@ -222,11 +228,13 @@ def analyse(
         "target": TARGET, "control": CONTROL, "arms": list(arms), "smooth": smooth,
         "level": level, "margin": margin, "costs": list(axes.costs),
         "params": [float(n) for n in axes.params], "rows": rows,
-        "break_even": _break_evens(rows, arms, axes),
+        "break_even": break_evens(rows, arms, axes),
         "anchors_only_vs_best_real": control,
         "target_final": float(np.nanmean(finals[TARGET])),
         "control_final": float(np.nanmean(finals[CONTROL])),
         "target_flatness": flatness(results[TARGET], smooth, axes.model),
+        "measure": "final exact held-out",
+        "target_level": f"`{TARGET}`'s final level",
     }  # fmt: skip
 
 
@@ -239,7 +247,7 @@ def _priced_ratios(results: dict, model: CostModel, targets: np.ndarray, smooth:
         total[label] = last_finite(x)
 
     def ratios(base: str, own: str) -> dict:
-        return ratio_summary(_ratios(reach[base], reach[own], total[base], total[own]))
+        return ratio_summary(censored_ratios(reach[base], reach[own], total[base], total[own]))
 
     return ratios
 
@@ -248,7 +256,9 @@ def cost_key(cost: float | None) -> str:
     return "recorded" if cost is None else f"{cost:g}s"
 
 
-def _break_evens(rows: list[dict], arms, axes: Axes) -> list[dict]:
+def break_evens(rows: list[dict], arms, axes: Axes) -> list[dict]:
+    """`q_break_even` (against the best real cell) and `q_break_even_vs_anchors_only` per
+    (arm, cost, N), from the synthetic cells of `rows`."""
     out = []
     for arm in arms:
         for cost, n, _ in axes.priced():

@@ -128,6 +128,11 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
     write_report(SECTION, "\n".join(body), " ".join(lines), readme=readme, docs=docs)
 
 
+def _measure(a: dict) -> str:
+    """What the map's final levels measure."""
+    return a["measure"]
+
+
 def _cost_name(c) -> str:
     return "recorded s" if c is None else f"{c:g} s"
 
@@ -166,14 +171,14 @@ def tables(a: dict) -> str:
     """Per model size: compute-to-target ratios against `real_best` and against
     `anchors_only` per execution cost; then the break-even q per (arm, N, cost)."""
     costs, parts = a["costs"], []
-    head = "| run | q target | q realised | held-out final | run − `anchors_only` (90% t) | "
+    head = f"| run | q target | q realised | {_measure(a)} | run − `anchors_only` (90% t) | "
     head += " | ".join(_cost_name(c) for c in costs) + " |"
     rule = "|---|---|---|---|---|" + "---|" * len(costs)
     for n in a["params"]:
         cells = _cells(a, n)
         for key, other in (("ratio_vs_best_real", a["target"]), ("ratio_vs_anchors_only",
                                                                  a["control"])):  # fmt: skip
-            parts += [f"N = {n / 1e9:g}B: compute to reach `{a['target']}`'s final level, "
+            parts += [f"N = {n / 1e9:g}B: compute to reach {a['target_level']}, "
                       f"`{other}` / run (median [5%, 95%] over seeds, (reached/seeds)):",
                       "", head, rule]  # fmt: skip
             if key == "ratio_vs_best_real":
@@ -208,7 +213,7 @@ def tables(a: dict) -> str:
 def headline(a: dict) -> list[str]:
     """The map's answer in sentences, every number from the analysis."""
     lines = [f"**Where does a world model pay?** Against the best real-execution GRPO "
-             f"(`{a['target']}`, final exact held-out {a['target_final']:.3f}; "
+             f"(`{a['target']}`, {_measure(a)} {a['target_final']:.3f}; "
              f"`{a['control']}` ends at {a['control_final']:.3f})."]  # fmt: skip
     wins = [r for r in a["rows"] if (r["ratio_vs_best_real"]["median"] or 0.0) > 1.0]
     for arm in a["arms"]:
