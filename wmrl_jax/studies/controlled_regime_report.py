@@ -50,8 +50,10 @@ def run_and_report(config, workdir: str, readme: str | None = None, docs: str | 
     payload = {
         "config": config.to_dict(),
         "wall_seconds": time.perf_counter() - start,
-        "curves": {label: {k: np.mean(v, axis=0).tolist() for k, v in run.items()}
-                   for label, run in results.items()},  # fmt: skip
+        "curves": {
+            label: {k: np.mean(v, axis=0).tolist() for k, v in run.items()}
+            for label, run in results.items()
+        },  # fmt: skip
         "analysis": analyse(results, config),
     }
     os.makedirs(workdir, exist_ok=True)
