@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -160,3 +161,19 @@ def test_committed_results_tabulate_into_their_section(tmp_path):
         (m, mesh) for m in ("qwen3.5-9b", "qwen3.5-4b") for mesh in ((1, 8, 1), (1, 1, 1))
     }
     assert "| qwen3.5-9b | 1x8x1, 8 | train |" in text
+
+
+@pytest.mark.parametrize(
+    "section, name", [("aot", "qwen3_train.json"), ("aot-qwen3.5", "qwen3_5_train.json")]
+)
+def test_the_committed_tables_are_what_their_json_tabulates(tmp_path, section, name):
+    # benchmarks/README.md's compile tables are regenerated from the committed JSON, not
+    # edited by hand.
+    here = os.path.dirname(aot.__file__)
+    readme = os.path.join(here, "README.md")
+    page = tmp_path / "README.md"
+    shutil.copy(readme, page)
+    results = os.path.join(here, "aot_results", name)
+    aot.main(["--from-json", results, "--readme", str(page), "--section", section])
+    with open(readme, encoding="utf-8") as f:
+        assert page.read_text() == f.read()
