@@ -143,7 +143,7 @@ def test_render_writes_tables_figure_and_headline(tmp_path):
     (tmp_path / "docs" / "regime.md").write_text("<!-- regime:begin -->\n<!-- regime:end -->")
     regime_report.render(str(tmp_path / "out"), str(tmp_path / "README.md"))
     head = (tmp_path / "README.md").read_text()
-    assert "q ≥ 0.21" in head and "recorded s: never" in head
+    assert "from q = 0.21 at" in head and "never at recorded s" in head
     assert "learned world model realises q = 0.30" in head
     page = (tmp_path / "docs" / "regime.md").read_text()
     assert "| wmrl_q0.8 | 0.8 | 0.80 |" in page and (tmp_path / "docs" / "regime.png").exists()
