@@ -36,7 +36,6 @@ render it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import jax
@@ -46,6 +45,7 @@ import numpy as np
 from wmrl_jax.core import arms as arms_lib
 from wmrl_jax.studies import analysis, controlled, regime
 from wmrl_jax.studies.compute_paired import smoothed
+from wmrl_jax.train.config import override
 from wmrl_jax.train.cost import CostModel
 from wmrl_jax.train.ledger import Ledger
 
@@ -64,34 +64,22 @@ def real_runs(config: ml_collections.ConfigDict) -> dict[str, ml_collections.Con
     out = {REAL: config, CONTROL: config}
     for groups in config.regime.real_groups:
         if groups != config.tasks_per_step:
-            out[real_label(groups)] = _with(config, tasks_per_step=int(groups))
+            out[real_label(groups)] = override(config, tasks_per_step=int(groups))
     return out
 
 
 def wm_runs(config: ml_collections.ConfigDict) -> dict[str, tuple[str, ml_collections.ConfigDict]]:
     """`{label: (arm, config)}` of the world-model cells: each arm at each target q."""
     return {
-        regime.cell_label(arm, q): (arm, _with(config, **{"world_model.q": float(q)}))
+        regime.cell_label(arm, q): (arm, override(config, **{"world_model.q": float(q)}))
         for arm in config.regime.arms
         for q in config.regime.q
     }
 
 
-def _with(config: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
-    out = copy.deepcopy(config)
-    with out.unlocked():
-        for dotted, value in fields.items():
-            *path, leaf = dotted.split(".")
-            node = out
-            for part in path:
-                node = node[part]
-            node[leaf] = value
-    return out
-
-
 def run_map(config: ml_collections.ConfigDict) -> dict[str, dict[str, np.ndarray]]:
-    """Every run of the map: `{label: {metric: [seeds, steps]}}` plus its per-update
-    counts (`counts`: `counts_of`); the real-execution cells first."""
+    """Every run of the map, the real-execution cells first: `{label: {name: [seeds,
+    steps]}}`, `controlled.run_arm`'s metrics and the update's counts (`counts_of`)."""
     keys = jax.random.split(jax.random.key(config.seed), config.num_seeds)
     runs = {label: (CONTROL if label == CONTROL else REAL, c)
             for label, c in real_runs(config).items()}  # fmt: skip
