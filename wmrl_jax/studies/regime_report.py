@@ -223,9 +223,20 @@ def tables(a: dict) -> str:
 
 def headline(a: dict) -> list[str]:
     """The map's answer in sentences, every number from the analysis."""
+    target, control = a["target"], a["control"]
     lines = [f"**Where does a world model pay?** Against the best real-execution GRPO "
-             f"(`{a['target']}`, {_measure(a)} {a['target_final']:.3f}; "
-             f"`{a['control']}` ends at {a['control_final']:.3f})."]  # fmt: skip
+             f"(`{target}`, {_measure(a)} {a['target_final']:.3f}; "
+             f"`{control}` ends at {a['control_final']:.3f})."]  # fmt: skip
+    by_n = []
+    for n in a["params"]:
+        cells = [(c, a["anchors_only_vs_best_real"][f"{regime.cost_key(c)}|N{n:g}"])
+                 for c in a["costs"]]  # fmt: skip
+        by_n.append(f"N = {n / 1e9:g}B: " + ", ".join(f"{_median(r)} at {_cost_name(c)}"
+                                                      for c, r in cells))  # fmt: skip
+    lines.append(
+        f"`{control}` against it (`{target}` / `{control}`, compute to the target; "
+        f"never: `{control}` does not reach it): {'; '.join(by_n)}."
+    )
     wins = [r for r in a["rows"] if (r["ratio_vs_best_real"]["median"] or 0.0) > 1.0]
     for arm in a["arms"]:
         for n in a["params"]:
@@ -237,31 +248,39 @@ def headline(a: dict) -> list[str]:
                     f"{_cost_name(r['cost'])}: {_ratio_cell(r['ratio_vs_best_real'])}"
                     for r in learned
                 )
+                vs = ", ".join(f"{_median(r['ratio_vs_anchors_only'])} at {_cost_name(r['cost'])}"
+                               for r in learned)  # fmt: skip
                 lines.append(f"Our learned world model realises q = "
-                             f"{learned[0]['q_realised']:.2f}; there `{a['target']}` / "
-                             f"`{arm}` is {at}.")  # fmt: skip
+                             f"{learned[0]['q_realised']:.2f}; there `{target}` / `{arm}` is "
+                             f"{at}; `{control}` / `{arm}` is {vs}.")  # fmt: skip
     if not wins:
-        lines.append(f"No cell of the map beats `{a['target']}`.")
+        lines.append(f"No cell of the map beats `{target}`.")
     return lines
 
 
 def _arm_sentence(a: dict, arm: str, n: float) -> str:
-    """Where `arm` at model size n needs less compute than the target (its break-even q
-    per execution cost), and how much less at the map's highest realised q."""
-    be = {x["cost"]: x["q_break_even"] for x in a["break_even"]
-          if x["arm"] == arm and x["params"] == n}  # fmt: skip
-    where = "; ".join(f"{'never' if q is None else f'from q = {q:.2f}'} at {_cost_name(c)}"
-                      for c, q in be.items())  # fmt: skip
-    out = (f"`{arm}` (N = {n / 1e9:g}B) needs less compute than `{a['target']}` "
-           f"(median over seeds) {where} per execution")  # fmt: skip
+    """Where `arm` at model size n needs less compute than the target and than the control
+    (its break-even q per execution cost), and how much less at the map's highest q."""
+    rows = [x for x in a["break_even"] if x["arm"] == arm and x["params"] == n]
+
+    def where(key: str) -> str:
+        return "; ".join(f"{'never' if x[key] is None else f'from q = {x[key]:.2f}'} at "
+                         f"{_cost_name(x['cost'])}" for x in rows)  # fmt: skip
+
+    out = (f"`{arm}` (N = {n / 1e9:g}B, medians over seeds) needs less compute than "
+           f"`{a['target']}` {where('q_break_even')}, and than `{a['control']}` "
+           f"{where('q_break_even_vs_anchors_only')}")  # fmt: skip
     syn = [r for r in a["rows"] if r["arm"] == arm and r["params"] == n and not r["learned"]
            and r["q_realised"] is not None]  # fmt: skip
     if not syn:
         return out + "."
     top = max(r["q_realised"] for r in syn)
-    cells = {r["cost"]: r["ratio_vs_best_real"] for r in syn if r["q_realised"] == top}
-    ratios = ", ".join(f"{_median(c)} at {_cost_name(cost)}" for cost, c in cells.items())
-    return out + f"; at its highest q ({top:.2f}) `{a['target']}` / `{arm}` is {ratios}."
+    at_top = [r for r in syn if r["q_realised"] == top]
+    ratios = {key: ", ".join(f"{_median(r[key])} at {_cost_name(r['cost'])}" for r in at_top)
+              for key in ("ratio_vs_best_real", "ratio_vs_anchors_only")}  # fmt: skip
+    return out + (f"; at its highest q ({top:.2f}) `{a['target']}` / `{arm}` is "
+                  f"{ratios['ratio_vs_best_real']}, `{a['control']}` / `{arm}` "
+                  f"{ratios['ratio_vs_anchors_only']}.")  # fmt: skip
 
 
 def plot(a: dict, path: str) -> None:
