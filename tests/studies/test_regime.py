@@ -25,6 +25,8 @@ def _run(curve, execs_per_step, wm_tokens_per_step=0.0, q=None):
             "ledger/executions": execs_per_step * i,
             "ledger/exec_seconds": 1.5 * execs_per_step * i,
             "ledger/wm_tokens": wm_tokens_per_step * i,
+            "ledger/samples": 10.0 * i,
+            "ledger/cached": (10.0 - execs_per_step) * i,
         }
         if q is not None:
             s["oracle/wm_oos_group_rank_corr"] = q
@@ -148,3 +150,14 @@ def test_render_writes_tables_figure_and_headline(tmp_path):
     page = (tmp_path / "docs" / "regime.md").read_text()
     assert "| wmrl_q0.8 | 0.8 | 0.80 |" in page and (tmp_path / "docs" / "regime.png").exists()
     assert not math.isnan(np.float64(a["control_final"]))
+
+
+def test_ledger_totals_and_the_repeats_sentence():
+    axes = regime.Axes(model=MODEL, costs=(None,), params=(1.0,))
+    a = regime.analyse(_results(), arms=("wmrl",), axes=axes, smooth=1)
+    # real_best: 4 steps of 10 samples, 10 executed; anchors_only: 10 steps, 1 executed.
+    assert a["ledger"]["real_best"] == {"samples": 40.0, "executions": 40.0, "cached": 0.0}
+    assert a["ledger"]["anchors_only"] == {"samples": 100.0, "executions": 10.0, "cached": 90.0}
+    text = " ".join(regime_report.headline(a))
+    assert "`anchors_only` executed 10 programs per seed and answered 90% of its 100" in text
+    assert "`wmrl` executed 10." in text

@@ -157,6 +157,16 @@ def break_even(qs: list[float], medians: list[float | None]) -> float | None:
     return analysis.finite(analysis.reach(x, y, 1.0))
 
 
+LEDGER_KEYS = ("samples", "executions", "cached")
+
+
+def ledger_totals(summaries: list[dict]) -> dict[str, float | None]:
+    """Mean over seeds of a run's final cumulative samples, charged executions and cached
+    ones (repeats of a program already executed on its task, answered free)."""
+    return {k: analysis.finite(np.nanmean(last_finite(step_series(summaries, f"ledger/{k}"))))
+            for k in LEDGER_KEYS}  # fmt: skip
+
+
 def flatness(summaries: list[dict], smooth: int, model: CostModel) -> dict:
     """How flat the target's exact curve ends: the rise of its smoothed held-out curve over
     its last quarter of updates, paired over seeds (mean and 90% t interval)."""
@@ -234,6 +244,7 @@ def analyse(
         "control_final": float(np.nanmean(finals[CONTROL])),
         "target_flatness": flatness(results[TARGET], smooth, axes.model),
         "measure": "final exact held-out",
+        "ledger": {label: ledger_totals(s) for label, s in results.items()},
         "target_level": f"`{TARGET}`'s final level",
     }  # fmt: skip
 

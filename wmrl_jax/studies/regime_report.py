@@ -237,6 +237,9 @@ def headline(a: dict) -> list[str]:
         f"`{control}` against it (`{target}` / `{control}`, compute to the target; "
         f"never: `{control}` does not reach it): {'; '.join(by_n)}."
     )
+    led = a.get("ledger", {})
+    if all((led.get(k) or {}).get("samples") for k in (a["target"], a["control"])):
+        lines.append(_repeats_sentence(a))
     wins = [r for r in a["rows"] if (r["ratio_vs_best_real"]["median"] or 0.0) > 1.0]
     for arm in a["arms"]:
         for n in a["params"]:
@@ -256,6 +259,26 @@ def headline(a: dict) -> list[str]:
     if not wins:
         lines.append(f"No cell of the map beats `{target}`.")
     return lines
+
+
+def _repeats_sentence(a: dict) -> str:
+    """How much of each baseline's sampling the execution cache answered (programs recur),
+    against the executions of the first world-model arm (learned world model)."""
+    led = a["ledger"]
+
+    def part(label: str) -> str:
+        x = led[label]
+        share = x["cached"] / x["samples"] if x["samples"] else float("nan")
+        return (f"`{label}` executed {x['executions']:.0f} programs per seed and answered "
+                f"{share:.0%} of its {x['samples']:.0f} samples from the cache")  # fmt: skip
+
+    arm = a["arms"][0]
+    tail = (f"; `{arm}` executed {led[arm]['executions']:.0f}" if arm in led
+            and led[arm]["executions"] is not None else "")  # fmt: skip
+    return (
+        f"Programs recur on this benchmark (a repeat of a program already executed on "
+        f"its task is free): {part(a['target'])}, {part(a['control'])}{tail}."
+    )
 
 
 def _arm_sentence(a: dict, arm: str, n: float) -> str:
