@@ -53,7 +53,7 @@ def run_and_report(config, workdir: str, readme: str | None = None, docs: str | 
         "curves": {
             label: {k: np.mean(v, axis=0).tolist() for k, v in run.items()}
             for label, run in results.items()
-        },  # fmt: skip
+        },
         "analysis": analyse(results, config),
     }
     os.makedirs(workdir, exist_ok=True)
