@@ -30,9 +30,10 @@ study-paired: $(STAMP)
 
 # The regime map (world-model quality x execution cost x model size) against the real
 # sweep's pick (run study-realsweep first): `wmrl`, then `wmrl_ppi` added with --extend.
+# BEST_REAL=<label> names the pick instead (e.g. real_g5_lr0.01, the pick docs/compute_study.md records).
 regime: $(STAMP)
-	$(PY) -m experiments.regime --config=experiments/configs/regime.py --workdir=outputs/regime
-	$(PY) -m experiments.regime --config=experiments/configs/regime.py:ppi --workdir=outputs/regime --extend --readme=README.md --docs=docs/regime.md
+	$(PY) -m experiments.regime --config=experiments/configs/regime.py --workdir=outputs/regime $(if $(BEST_REAL),--config.study.best_real=$(BEST_REAL))
+	$(PY) -m experiments.regime --config=experiments/configs/regime.py:ppi --workdir=outputs/regime --extend --readme=README.md --docs=docs/regime.md $(if $(BEST_REAL),--config.study.best_real=$(BEST_REAL))
 
 # The same map in the controlled study: novel programs, truth known (minutes).
 regime-controlled: $(STAMP)
