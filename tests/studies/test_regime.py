@@ -161,3 +161,28 @@ def test_ledger_totals_and_the_repeats_sentence():
     text = " ".join(regime_report.headline(a))
     assert "`anchors_only` executed 10 programs per seed and answered 90% of its 100" in text
     assert "`wmrl` executed 10." in text
+
+
+def test_pairwise_accuracy_to_spearman_against_a_gaussian_sample():
+    from scipy import stats
+
+    got = regime.spearman_from_pairwise_accuracy(0.615)
+    assert got["kendall_tau"] == pytest.approx(0.23)
+    # Independent: a bivariate normal at the implied Pearson r, ranked by scipy.
+    rng = np.random.default_rng(0)
+    r = got["pearson"]
+    x = rng.normal(size=(200_000, 2))
+    y = r * x[:, 0] + np.sqrt(1 - r**2) * x[:, 1]
+    assert stats.kendalltau(x[:, 0], y)[0] == pytest.approx(0.23, abs=0.005)
+    assert stats.spearmanr(x[:, 0], y)[0] == pytest.approx(got["spearman"], abs=0.005)
+    assert got["spearman"] == pytest.approx(0.34, abs=0.005)
+    with pytest.raises(ValueError, match="pairwise accuracy"):
+        regime.spearman_from_pairwise_accuracy(1.2)
+
+
+def test_the_literature_point_is_placed_against_the_break_even():
+    axes = regime.Axes(model=MODEL, costs=(None,), params=(1.0,))
+    a = regime.analyse(_results(), arms=("wmrl",), axes=axes, smooth=1)
+    (point,) = a["literature"]
+    text = " ".join(regime_report.headline(a))
+    assert "ForeAgent" in text and f"Spearman q = {point['spearman']:.2f}" in text

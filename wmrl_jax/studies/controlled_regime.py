@@ -197,6 +197,7 @@ def analyse(
         "target_final": float(np.mean(finals[REAL])),
         "control_final": float(np.mean(finals[CONTROL])),
         "measure": "final true reward",
+        "literature": regime.literature_points(),
         "target_level": f"`{REAL}`'s target ({fraction:.0%} of its gain)",
     }  # fmt: skip
 

@@ -52,6 +52,35 @@ CONTROL = "anchors_only"
 Q_KEY = "oracle/wm_oos_group_rank_corr"
 
 
+def spearman_from_pairwise_accuracy(accuracy: float) -> dict[str, float]:
+    """A judge's pairwise accuracy as the map's q, under a Gaussian copula.
+
+    Pairwise accuracy p (the share of pairs a judge orders as the truth does, no
+    ties) is the concordance probability, so Kendall's τ = 2p − 1. For a
+    bivariate normal with correlation r, τ = (2/π)·arcsin(r) and Spearman's
+    ρ_S = (6/π)·arcsin(r/2); so r = sin(π·τ/2) and ρ_S follows.
+
+    Example:
+      >>> {k: round(v, 2) for k, v in spearman_from_pairwise_accuracy(0.615).items()}
+      {'kendall_tau': 0.23, 'pearson': 0.35, 'spearman': 0.34}
+    """
+    if not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"pairwise accuracy must be in [0, 1], got {accuracy}")
+    tau = 2.0 * accuracy - 1.0
+    r = float(np.sin(np.pi * tau / 2.0))
+    return {"kendall_tau": tau, "pearson": r, "spearman": float(6.0 / np.pi * np.arcsin(r / 2.0))}
+
+
+# Published world-model qualities placed on the map, as (name, pairwise accuracy).
+LITERATURE = (("ForeAgent: a frontier LLM judging ML solutions", 0.615),)
+
+
+def literature_points() -> list[dict]:
+    """`LITERATURE`, each point with its Kendall τ and Spearman q (the map's x-axis)."""
+    return [{"name": name, "pairwise_accuracy": acc, **spearman_from_pairwise_accuracy(acc)}
+            for name, acc in LITERATURE]  # fmt: skip
+
+
 def cell_label(arm: str, q: float) -> str:
     """The run label of `arm` with the synthetic world model at target q, e.g. `wmrl_q0.4`."""
     return f"{arm}_q{q:g}"
@@ -244,6 +273,7 @@ def analyse(
         "control_final": float(np.nanmean(finals[CONTROL])),
         "target_flatness": flatness(results[TARGET], smooth, axes.model),
         "measure": "final exact held-out",
+        "literature": literature_points(),
         "ledger": {label: ledger_totals(s) for label, s in results.items()},
         "target_level": f"`{TARGET}`'s final level",
     }  # fmt: skip

@@ -256,9 +256,27 @@ def headline(a: dict) -> list[str]:
                 lines.append(f"Our learned world model realises q = "
                              f"{learned[0]['q_realised']:.2f}; there `{target}` / `{arm}` is "
                              f"{at}; `{control}` / `{arm}` is {vs}.")  # fmt: skip
+    for point in a.get("literature", ()):
+        lines.append(_literature_sentence(a, point))
     if not wins:
         lines.append(f"No cell of the map beats `{target}`.")
     return lines
+
+
+def _literature_sentence(a: dict, point: dict) -> str:
+    """Where a published judge's quality falls against each arm's break-even q."""
+    q = point["spearman"]
+
+    def cells(key: str) -> str:
+        got = [f"`{x['arm']}` at {_cost_name(x['cost'])} (N = {x['params'] / 1e9:g}B)"
+               for x in a["break_even"] if x[key] is not None and x[key] <= q]  # fmt: skip
+        return "; ".join(got) if got else "no cell of the map"
+
+    return (f"{point['name']} ({point['pairwise_accuracy']:.1%} pairwise accuracy, Kendall "
+            f"τ = {point['kendall_tau']:.2f}, Spearman q = {q:.2f} under a Gaussian copula) "
+            f"is at or above the break-even against `{a['target']}` for "
+            f"{cells('q_break_even')}, and against `{a['control']}` for "
+            f"{cells('q_break_even_vs_anchors_only')}.")  # fmt: skip
 
 
 def _repeats_sentence(a: dict) -> str:
@@ -339,6 +357,9 @@ def plot(a: dict, path: str) -> None:
                 if r["learned"] and r["q_realised"] is not None:
                     ax.plot([r["q_realised"]], [r["ratio_vs_best_real"]["median"]], "*",
                             color=color, markersize=12)  # fmt: skip
+        for point in a.get("literature", ()):
+            name = point["name"].split(":")[0]
+            ax.axvline(point["spearman"], color="grey", lw=0.8, ls=":", label=name)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_yscale("symlog", linthresh=0.1)
         ax.set_ylim(bottom=0.0)  # A ratio: 0 is a run that never reached the target.
