@@ -128,11 +128,6 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
     write_report(SECTION, "\n".join(body), " ".join(lines), readme=readme, docs=docs)
 
 
-def _measure(a: dict) -> str:
-    """What the map's final levels measure."""
-    return a["measure"]
-
-
 def _cost_name(c) -> str:
     return "recorded s" if c is None else f"{c:g} s"
 
@@ -182,7 +177,7 @@ def tables(a: dict) -> str:
     """Per model size: compute-to-target ratios against `real_best` and against
     `anchors_only` per execution cost; then the break-even q per (arm, N, cost)."""
     costs, parts = a["costs"], []
-    head = f"| run | q target | q realised | {_measure(a)} | run − `anchors_only` (90% t) | "
+    head = f"| run | q target | q realised | {a['measure']} | run − `anchors_only` (90% t) | "
     head += " | ".join(_cost_name(c) for c in costs) + " |"
     rule = "|---|---|---|---|---|" + "---|" * len(costs)
     for n in a["params"]:
@@ -225,7 +220,7 @@ def headline(a: dict) -> list[str]:
     """The map's answer in sentences, every number from the analysis."""
     target, control = a["target"], a["control"]
     lines = [f"**Where does a world model pay?** Against the best real-execution GRPO "
-             f"(`{target}`, {_measure(a)} {a['target_final']:.3f}; "
+             f"(`{target}`, {a['measure']} {a['target_final']:.3f}; "
              f"`{control}` ends at {a['control_final']:.3f})."]  # fmt: skip
     by_n = []
     for n in a["params"]:
@@ -256,7 +251,7 @@ def headline(a: dict) -> list[str]:
                 lines.append(f"Our learned world model realises q = "
                              f"{learned[0]['q_realised']:.2f}; there `{target}` / `{arm}` is "
                              f"{at}; `{control}` / `{arm}` is {vs}.")  # fmt: skip
-    for point in a.get("literature", ()):
+    for point in a["literature"]:
         lines.append(_literature_sentence(a, point))
     if not wins:
         lines.append(f"No cell of the map beats `{target}`.")
@@ -357,7 +352,7 @@ def plot(a: dict, path: str) -> None:
                 if r["learned"] and r["q_realised"] is not None:
                     ax.plot([r["q_realised"]], [r["ratio_vs_best_real"]["median"]], "*",
                             color=color, markersize=12)  # fmt: skip
-        for point in a.get("literature", ()):
+        for point in a["literature"]:
             name = point["name"].split(":")[0]
             ax.axvline(point["spearman"], color="grey", lw=0.8, ls=":", label=name)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
