@@ -120,5 +120,6 @@ def test_command_end_to_end(tmp_path):
     assert (out / controlled_regime_report.PNG).is_file()
     assert (tmp_path / controlled_regime_report.PNG).is_file()  # beside the page
     head = readme.read_text()
-    assert "In the controlled study" in head and "`wmrl` (N = 1B, medians over seeds)" in head
+    assert "In the controlled study" in head and "- `wmrl`: at its highest realised q" in head
     assert "| wmrl_q0.8 | 0.8 |" in docs.read_text()
+    assert "`wmrl` (N = 1B, medians over seeds)" in docs.read_text()

@@ -145,9 +145,14 @@ def test_render_writes_tables_figure_and_headline(tmp_path):
     (tmp_path / "docs" / "regime.md").write_text("<!-- regime:begin -->\n<!-- regime:end -->")
     regime_report.render(str(tmp_path / "out"), str(tmp_path / "README.md"))
     head = (tmp_path / "README.md").read_text()
-    assert "from q = 0.21 at" in head and "never at recorded s" in head
-    assert "learned world model realises q = 0.30" in head
+    # The README gets the brief: the break-even table, a line per arm, a link to the rest.
+    assert (
+        "| wmrl | 1e-09B | — / — | 0.21 / — |" in head and "learned world model (q = 0.30)" in head
+    )
+    assert "every cell in [docs/regime.md](docs/regime.md)" in head
     page = (tmp_path / "docs" / "regime.md").read_text()
+    assert "from q = 0.21 at" in page and "never at recorded s" in page
+    assert "learned world model realises q = 0.30" in page
     assert "| wmrl_q0.8 | 0.8 | 0.80 |" in page and (tmp_path / "docs" / "regime.png").exists()
     assert not math.isnan(np.float64(a["control_final"]))
 
@@ -186,3 +191,30 @@ def test_the_literature_point_is_placed_against_the_break_even():
     (point,) = a["literature"]
     text = " ".join(regime_report.headline(a))
     assert "ForeAgent" in text and f"Spearman q = {point['spearman']:.2f}" in text
+
+
+def test_the_brief_counts_verdicts_and_spans_medians():
+    results = {k: v * 3 for k, v in _results().items()}  # three identical seeds
+    axes = regime.Axes(model=MODEL, costs=(None, 10.0), params=(1.0,))
+    a = regime.analyse(results, arms=("wmrl",), axes=axes, smooth=1)
+    text = regime_report.brief(a, "**Lead.**")
+    # Finals: anchors_only 0.6; wmrl (learned) 0.6; wmrl_q0 0.3; wmrl_q0.8 0.6. Identical
+    # seeds: zero-width intervals, so 0.6 - 0.6 is equivalent, 0.3 - 0.6 below.
+    assert "over its 3 cells: 1 below, 2 equivalent;" in text
+    assert "interval above −0.02) in 2 of 3." in text
+    # At q = 0.8: real_best / wmrl is 45 / 46 at the recorded seconds, 300 / 80 at 10 s.
+    assert f"is {45 / 46:.2f}–{300 / 80:.2f}×" in text
+    # anchors_only / real_best: 45 / 9 at recorded seconds (6 executions of 1.5 s)... 300 / 60.
+    assert text.startswith("**Lead.** `real_best` / `anchors_only`, compute to the target: ")
+    assert "No cell of the map beats" not in text  # q = 0.8 beats it at 10 s
+
+
+def test_span_says_never_and_lower_bounds():
+    cell = {"seeds": 4, "reached": 4, "run_never": 0, "other_never": 0}
+    assert regime_report._span([{**cell, "median": 1.5}, {**cell, "median": 0.5}]) == ("0.50–1.50×")
+    never = {**cell, "median": 0.0, "run_never": 3}
+    bound = {**cell, "median": 2.0, "other_never": 4}
+    assert regime_report._span([never, bound]) == (
+        "2.00× (never in 1 of 2 cells, lower bounds in 1)"
+    )
+    assert regime_report._span([never]) == "never"

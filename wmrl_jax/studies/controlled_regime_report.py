@@ -84,7 +84,9 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
             f"{payload['wall_seconds'] / 60:.0f} min on this CPU)."
         )
         body = [intro, "", " ".join(lines), "", table, "", f"![controlled regime map]({PNG})"]
-        write_report(SECTION, "\n".join(body), " ".join(lines), readme=readme, docs=docs)
+        lead = f"{lines[0].rstrip('.')}; {regime_report.where_in_full(readme, docs)}."
+        brief = regime_report.brief(a, lead)
+        write_report(SECTION, "\n".join(body), brief, readme=readme, docs=docs)
     return table
 
 

@@ -11,6 +11,7 @@ a docs page rewrites the `regime` section of ``docs/regime.md`` and the README's
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -120,12 +121,20 @@ def render(workdir: str, readme: str | None = None, docs: str | None = None) -> 
     intro = (
         f"`python -m experiments.regime` ({s['num_seeds']} seeds; every run stops at "
         f"{config['num_steps']} updates; the target is `real_best` = `{s['best_real']}`, "
-        f"the real sweep's pick on other seeds; {payload['wall_seconds'] / 60:.0f} min "
-        "on this CPU)."
+        f"the real sweep's pick on other seeds; its last command ran "
+        f"{payload['wall_seconds'] / 60:.0f} min on this CPU, reading back the runs that had "
+        "finished before)."
     )
     lines = headline(a)
     body = [intro, "", " ".join(lines), "", table, "", "![regime map](regime.png)"]
-    write_report(SECTION, "\n".join(body), " ".join(lines), readme=readme, docs=docs)
+    lead = f"{lines[0].rstrip('.')}; {s['num_seeds']} paired seeds, {where_in_full(readme, docs)}."
+    write_report(SECTION, "\n".join(body), brief(a, lead), readme=readme, docs=docs)
+
+
+def where_in_full(readme: str | None, docs: str) -> str:
+    """Where a README headline's every cell is: a link to the docs page, relative to it."""
+    page = os.path.relpath(docs, os.path.dirname(os.path.abspath(readme or docs)))
+    return f"every cell in [{page}]({page})"
 
 
 def _cost_name(c) -> str:
@@ -203,10 +212,18 @@ def tables(a: dict) -> str:
                     + " |"
                 )
             parts.append("")
-    parts += ["Break-even realised q (the median ratio first reaches 1; — : no cell does), "
-              f"against `{a['target']}` / against `{a['control']}`:", "",
-              "| arm | N | " + " | ".join(_cost_name(c) for c in costs) + " |",
-              "|---|---|" + "---|" * len(costs)]  # fmt: skip
+    parts.append(break_even_table(a))
+    return "\n".join(parts)
+
+
+def break_even_table(a: dict) -> str:
+    """The break-even realised q per (arm, N) and execution cost, against the target and
+    against the control."""
+    costs = a["costs"]
+    parts = ["Break-even realised q (the median ratio first reaches 1; — : no cell does), "
+             f"against `{a['target']}` / against `{a['control']}`:", "",
+             "| arm | N | " + " | ".join(_cost_name(c) for c in costs) + " |",
+             "|---|---|" + "---|" * len(costs)]  # fmt: skip
     for arm in a["arms"]:
         for n in a["params"]:
             b = {x["cost"]: x for x in a["break_even"] if x["arm"] == arm and x["params"] == n}
@@ -258,14 +275,82 @@ def headline(a: dict) -> list[str]:
     return lines
 
 
+def brief(a: dict, lead: str) -> str:
+    """The map's answer for the README, every number from the analysis: `lead`, the
+    control against the target, the break-even table, and per arm its saving at its
+    highest q, with the learned world model, and its paired final level against the
+    control over its cells. Ratios are ranges of medians over execution costs and N."""
+    target, control, margin = a["target"], a["control"], a["margin"]
+    ctrl = _span(list(a["anchors_only_vs_best_real"].values()))
+    head = [lead, f"`{control}` never reaches `{target}`'s level." if ctrl == "never" else
+            f"`{target}` / `{control}`, compute to the target: {ctrl}."]  # fmt: skip
+    led = a.get("ledger", {})
+    if all((led.get(k) or {}).get("samples") for k in (target, control)):
+        head.append(_repeats_sentence(a))
+    arms = []
+    for arm in a["arms"]:
+        rows = [r for r in a["rows"] if r["arm"] == arm]
+        syn = [r for r in rows if not r["learned"] and r["q_realised"] is not None]
+        learned = [r for r in rows if r["learned"] and r["q_realised"] is not None]
+        parts = []
+        if syn:
+            top = max(r["q_realised"] for r in syn)
+            at = [r for r in syn if r["q_realised"] == top]
+            parts.append(f"at its highest realised q ({top:.2f}) `{target}` / `{arm}` is "
+                         f"{_span([r['ratio_vs_best_real'] for r in at])}, `{control}` / "
+                         f"`{arm}` {_span([r['ratio_vs_anchors_only'] for r in at])}")  # fmt: skip
+        if learned:
+            parts.append(f"with our learned world model (q = {learned[0]['q_realised']:.2f}) "
+                         f"`{target}` / `{arm}` is "
+                         f"{_span([r['ratio_vs_best_real'] for r in learned])}, `{control}` / "
+                         f"`{arm}` {_span([r['ratio_vs_anchors_only'] for r in learned])}, "
+                         f"final level − `{control}` "
+                         f"{_diff_cell(learned[0]['vs_anchors_only'])}")  # fmt: skip
+        diffs = {r["label"]: r["vs_anchors_only"] for r in rows}.values()  # One per cell.
+        verdicts = collections.Counter(d["verdict"] for d in diffs)
+        shown = sum(d["lo"] is not None and d["lo"] > -margin for d in diffs)
+        parts.append(f"final level − `{control}` (paired, 90% t, margin {margin:g}) over its "
+                     f"{len(diffs)} cells: " + ", ".join(f"{v} {k}" for k, v in
+                                                       sorted(verdicts.items()))
+                     + f"; not below by more than the margin (interval above −{margin:g}) in "
+                     f"{shown} of {len(diffs)}")  # fmt: skip
+        arms.append(f"- `{arm}`: " + "; ".join(parts) + ".")
+    tail = [_literature_sentence(a, point) for point in a["literature"]]
+    if not any((r["ratio_vs_best_real"]["median"] or 0.0) > 1.0 for r in a["rows"]):
+        tail.append(f"No cell of the map beats `{target}`.")
+    return "\n\n".join(
+        [" ".join(head), break_even_table(a), "Ratios: medians over seeds, ranging over "
+         "execution costs and N.\n\n" + "\n".join(arms), " ".join(tail)]
+    )  # fmt: skip
+
+
+def _span(cells: list[dict]) -> str:
+    """The range of ratio cells' medians (`ratio_summary`s), saying how many cells are
+    "never" (the run reached the target on no seed, or on fewer than half) and how many
+    are lower bounds (the other run never reached it)."""
+    never = [r for r in cells if not r["median"] or r["run_never"] == r["seeds"]]
+    got = [r for r in cells if r not in never]
+    if not got:
+        return "never"
+    lo, hi = min(r["median"] for r in got), max(r["median"] for r in got)
+    text = f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+    notes = [f"never in {len(never)} of {len(cells)} cells"] if never else []
+    bounds = sum(r["other_never"] == r["seeds"] for r in got)
+    notes += [f"lower bounds in {bounds}"] if bounds else []
+    return text + (f" ({', '.join(notes)})" if notes else "")
+
+
 def _literature_sentence(a: dict, point: dict) -> str:
     """Where a published judge's quality falls against each arm's break-even q."""
     q = point["spearman"]
 
     def cells(key: str) -> str:
-        got = [f"`{x['arm']}` at {_cost_name(x['cost'])} (N = {x['params'] / 1e9:g}B)"
-               for x in a["break_even"] if x[key] is not None and x[key] <= q]  # fmt: skip
-        return "; ".join(got) if got else "no cell of the map"
+        got: dict[tuple, list[str]] = {}
+        for x in a["break_even"]:
+            if x[key] is not None and x[key] <= q:
+                got.setdefault((x["arm"], x["params"]), []).append(_cost_name(x["cost"]))
+        return "; ".join(f"`{arm}` at {', '.join(c)} (N = {n / 1e9:g}B)"
+                         for (arm, n), c in got.items()) or "no cell of the map"  # fmt: skip
 
     return (f"{point['name']} ({point['pairwise_accuracy']:.1%} pairwise accuracy, Kendall "
             f"τ = {point['kendall_tau']:.2f}, Spearman q = {q:.2f} under a Gaussian copula) "
