@@ -123,6 +123,50 @@ def test_plan_remat_per_layer_growth_matches_the_compiler(tiny_compiles):
     assert 0.75 <= plan / xla <= 1.25, plan / xla
 
 
+# A width-128 Qwen3.5's remat train step (`benchmarks.aot_depth`: fsdp=4, two
+# micro-batches, float32) at `aot.DEPTHS`'s two Qwen3.5 depths and one group beyond,
+# on 8 forced host devices.
+_QWEN3_5_SCRIPT = r"""
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from benchmarks import aot, aot_depth
+
+a, b = (int(d) for d in aot.DEPTHS["qwen3.5"].split(","))
+print("RESULT", json.dumps(aot_depth.measure((a, b, 2 * b - a))))
+"""
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_depths():
+    proc = subprocess.run(
+        [sys.executable, "-c", _QWEN3_5_SCRIPT], capture_output=True, text=True, timeout=1800,
+        cwd=ROOT, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return {int(d): row for d, row in json.loads(line[len("RESULT ") :]).items()}
+
+
+def test_qwen3_5_default_depths_extrapolate_to_a_deeper_compile(qwen3_5_depths):
+    """`benchmarks.aot` extrapolates Qwen3.5 from its two default depths: a third,
+    one group deeper, must lie on their line. From 4 and 8 it did not (XLA compiles a
+    one-group layer scan as straight-line code: 0.87 of the compiled temporaries at
+    12); from 8 on the temporaries grow by the same bytes per group (1.00)."""
+    (a, b, check), at = sorted(qwen3_5_depths), qwen3_5_depths
+    line = aot.extrapolate({d: at[d]["train"] for d in (a, b)}, (a, b), check)
+    ratio = line["temporaries"] / at[check]["train"]["temporaries"]
+    assert 0.98 <= ratio <= 1.02, ratio
+
+
+def test_qwen3_5_plan_grows_per_group_as_the_compiler(qwen3_5_depths):
+    """Per group of four layers the plan adds their gradients, their stacked copy and
+    four kept inputs; XLA's temporaries grow by as much between the default depths
+    (3.47 MiB per group both; between 4 and 8 XLA's fell by 9.0 MiB a group)."""
+    depths = sorted(qwen3_5_depths)[:2]
+    compiler, plan = aot.per_layer({"depths": {d: qwen3_5_depths[d] for d in depths}}, "train")
+    assert 0.85 <= plan / compiler <= 1.15, (plan, compiler)
+
+
 def test_device_check_script_syntax():
     subprocess.run(["bash", "-n", os.path.join(ROOT, "launch", "device_check.sh")], check=True)
 
