@@ -218,3 +218,25 @@ def test_span_says_never_and_lower_bounds():
         "2.00× (never in 1 of 2 cells, lower bounds in 1)"
     )
     assert regime_report._span([never]) == "never"
+
+
+def test_the_map_priced_with_every_repeat_charged():
+    axes = regime.Axes(model=MODEL, costs=(None, 10.0), params=(1.0,))
+    a = regime.analyse(_results(), arms=("wmrl",), axes=axes, smooth=1)
+    again = a["repeats_charged"]
+    assert again["costs"] == [10.0]  # a cached repeat has no recorded seconds
+    # Every sample is now an execution (10 per step): real_best reaches the target at
+    # step 3 (300 s), anchors_only at step 6 (600 s); wmrl_q0.8 at step 4, plus its
+    # 2·5 token seconds per step (400 + 40 s).
+    assert again["anchors_only_vs_best_real"]["10s|N1"]["median"] == pytest.approx(0.5)
+    (row,) = [r for r in again["rows"] if r["label"] == "wmrl_q0.8"]
+    assert row["ratio_vs_best_real"]["median"] == pytest.approx(300.0 / 440.0)
+    assert row["ratio_vs_anchors_only"]["median"] == pytest.approx(600.0 / 440.0)
+    # Without repeats (the ledger's cached 0) both pricings agree.
+    (own,) = [r for r in a["rows"] if r["label"] == "wmrl_q0.8" and r["cost"] == 10.0]
+    assert own["ratio_vs_best_real"]["median"] == pytest.approx(300.0 / 80.0)
+    page = regime_report.tables(a)
+    assert "**Were every repeat executed again**" in page and "| wmrl | 1e-09B | — / 0" in page
+    assert "**Were every repeat executed again**" in regime_report.brief(a, "x")
+    with pytest.raises(ValueError, match="charge_repeats"):
+        CostModel(params=1.0, peak_flops=1.0, mfu=1.0, charge_repeats=True)

@@ -3,6 +3,7 @@ axis: a fixed cost per execution and the re-pricing of a recorded run."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -109,6 +110,15 @@ def test_reprice_by_hand():
     assert reprice([], model).shape == (0,)
     with pytest.raises(ValueError, match="execution_seconds"):
         reprice(steps, model, execution_seconds=-1.0)
+    # Charging the cached repeats too: 3 and 9 of them, at 30 s each.
+    steps[0]["ledger/cached"], steps[1]["ledger/cached"] = 3, 9
+    again = dataclasses.replace(model, execution_seconds=30.0, charge_repeats=True)
+    np.testing.assert_allclose(
+        reprice(steps, again, execution_seconds=30.0, prefix="ledger/"),
+        [272.0 + 7 * 30.0, 544.0 + 17 * 30.0 + 1.0],
+    )
+    with pytest.raises(ValueError, match="charge_repeats needs a fixed execution_seconds"):
+        reprice(steps, again, prefix="ledger/")
 
 
 def test_fixed_execution_cost_from_config_and_its_errors():

@@ -113,17 +113,30 @@ def parse_label(label: str, arms) -> tuple[str, float | None] | None:
 @dataclasses.dataclass(frozen=True)
 class Axes:
     """The map's cost axes: seconds per execution (None: the recorded seconds) and the
-    model sizes N, priced with `model`'s accelerator and token lengths."""
+    model sizes N, priced with `model`'s accelerator and token lengths; with
+    `charge_repeats`, every cached repeat is charged as an execution too
+    (`CostModel.charge_repeats`; the recorded-seconds cost is then left out)."""
 
     model: CostModel
     costs: tuple[float | None, ...]
     params: tuple[float, ...]
+    charge_repeats: bool = False
 
     def priced(self):
         """(cost, N, CostModel) of every cell of the cost axes."""
         for n in self.params:
             for c in self.costs:
-                yield c, n, dataclasses.replace(self.model, params=float(n), execution_seconds=c)
+                if c is None and self.charge_repeats:
+                    continue
+                yield c, n, dataclasses.replace(
+                    self.model, params=float(n), execution_seconds=c,
+                    charge_repeats=self.charge_repeats,
+                )  # fmt: skip
+
+    def repeats_charged(self) -> Axes:
+        """The same axes with every repeat charged, at the fixed costs only."""
+        costs = tuple(c for c in self.costs if c is not None)
+        return dataclasses.replace(self, costs=costs, charge_repeats=True)
 
 
 def censored_ratios(base: np.ndarray, own: np.ndarray, base_total, own_total) -> dict:
@@ -233,6 +246,12 @@ def analyse(
       level: the paired interval's coverage.
       margin: the equivalence margin of the paired difference to anchors_only.
 
+    The analysis also holds, under `repeats_charged`, the same map priced as if
+    every cached repeat were executed again (`Axes.repeats_charged`): its rows,
+    break-evens and the control against the target. Pricing only: the runs are
+    the same, where a benchmark without repeats would also give other outcomes
+    (a repeat draws a fresh replicate instead of the remembered one).
+
     Raises:
       ValueError: `real_best` or `anchors_only` is missing.
     """
@@ -263,7 +282,7 @@ def analyse(
                 "vs_anchors_only": {**p.to_dict(), "verdict": analysis.equivalence(p, margin)},
                 "heldout_final": float(np.nanmean(finals[label])),
             })  # fmt: skip
-    return {
+    out = {
         "target": TARGET, "control": CONTROL, "arms": list(arms), "smooth": smooth,
         "level": level, "margin": margin, "costs": list(axes.costs),
         "params": [float(n) for n in axes.params], "rows": rows,
@@ -277,6 +296,13 @@ def analyse(
         "ledger": {label: ledger_totals(s) for label, s in results.items()},
         "target_level": f"`{TARGET}`'s final level",
     }  # fmt: skip
+    if not axes.charge_repeats and any(c is not None for c in axes.costs):
+        again = analyse(results, arms=arms, axes=axes.repeats_charged(), smooth=smooth,
+                        level=level, margin=margin)  # fmt: skip
+        out["repeats_charged"] = {
+            k: again[k] for k in ("costs", "rows", "break_even", "anchors_only_vs_best_real")
+        }
+    return out
 
 
 def _priced_ratios(results: dict, model: CostModel, targets: np.ndarray, smooth: int):

@@ -213,7 +213,35 @@ def tables(a: dict) -> str:
                 )
             parts.append("")
     parts.append(break_even_table(a))
+    if "repeats_charged" in a:
+        parts += ["", repeats_sentence(a), "", break_even_table(repeats_charged(a))]
     return "\n".join(parts)
+
+
+def repeats_charged(a: dict) -> dict:
+    """The analysis with its map priced as if every cached repeat were executed again."""
+    return {**a, **a["repeats_charged"]}
+
+
+def repeats_sentence(a: dict) -> str:
+    """The control against the target, and the learned world models against the control,
+    were every cached repeat executed again (`regime.analyse`'s `repeats_charged`)."""
+    r = repeats_charged(a)
+    target, control = a["target"], a["control"]
+    ctrl = _span(list(r["anchors_only_vs_best_real"].values()))
+    learned = [
+        f"`{control}` / `{arm}` with our learned world model {_span(got)}"
+        for arm in a["arms"]
+        if (
+            got := [
+                x["ratio_vs_anchors_only"] for x in r["rows"] if x["arm"] == arm and x["learned"]
+            ]
+        )  # fmt: skip
+    ]
+    return (f"**Were every repeat executed again** (priced only: the same runs, every cached "
+            f"repeat charged as an execution, at {', '.join(_cost_name(c) for c in r['costs'])}): "
+            f"`{target}` / `{control}` would be {ctrl}"
+            + "".join(f"; {x}" for x in learned) + ". Break-even q then:")  # fmt: skip
 
 
 def break_even_table(a: dict) -> str:
@@ -316,11 +344,14 @@ def brief(a: dict, lead: str) -> str:
                      f"{shown} of {len(diffs)}")  # fmt: skip
         arms.append(f"- `{arm}`: " + "; ".join(parts) + ".")
     tail = [_literature_sentence(a, point) for point in a["literature"]]
+    repeats = []
+    if "repeats_charged" in a:
+        repeats = [repeats_sentence(a), break_even_table(repeats_charged(a))]
     if not any((r["ratio_vs_best_real"]["median"] or 0.0) > 1.0 for r in a["rows"]):
         tail.append(f"No cell of the map beats `{target}`.")
     return "\n\n".join(
         [" ".join(head), break_even_table(a), "Ratios: medians over seeds, ranging over "
-         "execution costs and N.\n\n" + "\n".join(arms), " ".join(tail)]
+         "execution costs and N.\n\n" + "\n".join(arms), *repeats, " ".join(tail)]
     )  # fmt: skip
 
 

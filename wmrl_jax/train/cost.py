@@ -77,6 +77,10 @@ class CostModel:
       lengths: tokens per row to charge instead of the run's own counts.
       execution_seconds: a fixed cost per execution instead of the recorded seconds
         (None: the recorded ones).
+      charge_repeats: charge the ledger's cached repeats (programs already executed
+        on their task, answered free from the run's cache) as executions too, at
+        `execution_seconds` (which it needs): the price of the same run on a
+        benchmark whose programs never recur, or without the cache.
     """
 
     params: float
@@ -84,12 +88,16 @@ class CostModel:
     mfu: float
     lengths: TokenLengths | None = None
     execution_seconds: float | None = None
+    charge_repeats: bool = False
 
     def __post_init__(self):
         if not (self.params > 0 and self.peak_flops > 0 and 0 < self.mfu <= 1):
             raise ValueError(f"need params > 0, peak_flops > 0, 0 < mfu <= 1; got {self}")
         if self.execution_seconds is not None and not self.execution_seconds > 0:
             raise ValueError(f"execution_seconds must be > 0 or None, got {self.execution_seconds}")
+        if self.charge_repeats and self.execution_seconds is None:
+            raise ValueError("charge_repeats needs a fixed execution_seconds (a cached repeat "
+                             "has no recorded seconds)")  # fmt: skip
 
     def tokens(self, ledger: Ledger) -> tuple[float, float]:
         """(forward-only tokens, trained tokens) charged for `ledger`."""
@@ -106,10 +114,12 @@ class CostModel:
         return flops / (self.peak_flops * self.mfu)
 
     def exec_seconds(self, ledger: Ledger) -> float:
-        """Execution seconds charged: `executions × execution_seconds`, or the recorded."""
+        """Execution seconds charged: `executions × execution_seconds` (the cached repeats
+        added with `charge_repeats`), or the recorded."""
         if self.execution_seconds is None:
             return float(ledger.exec_seconds)
-        return float(ledger.executions) * float(self.execution_seconds)
+        runs = float(ledger.executions) + (float(ledger.cached) if self.charge_repeats else 0.0)
+        return runs * float(self.execution_seconds)
 
     def seconds(self, ledger: Ledger) -> float:
         """Modelled compute: token seconds plus the execution (and tool) seconds charged."""
