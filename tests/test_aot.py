@@ -71,15 +71,20 @@ print("RESULT", json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_compiles():
+def _result_of(script: str):
+    """The JSON a compile script prints after "RESULT ", run in a CPU-only process."""
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=1800,
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=1800,
         cwd=ROOT, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
+
+
+@pytest.fixture(scope="module")
+def tiny_compiles():
+    return _result_of(_SCRIPT)
 
 
 def test_plan_state_matches_compiled_arguments(tiny_compiles):
@@ -138,13 +143,7 @@ print("RESULT", json.dumps(aot_depth.measure((a, b, 2 * b - a))))
 
 @pytest.fixture(scope="module")
 def qwen3_5_depths():
-    proc = subprocess.run(
-        [sys.executable, "-c", _QWEN3_5_SCRIPT], capture_output=True, text=True, timeout=1800,
-        cwd=ROOT, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return {int(d): row for d, row in json.loads(line[len("RESULT ") :]).items()}
+    return {int(d): row for d, row in _result_of(_QWEN3_5_SCRIPT).items()}
 
 
 def test_qwen3_5_default_depths_extrapolate_to_a_deeper_compile(qwen3_5_depths):
