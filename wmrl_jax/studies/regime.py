@@ -267,21 +267,17 @@ def analyse(
     targets = finals[TARGET] - 1e-9
     cells = {label: parse_label(label, arms) for label in results}
     cells = {label: c for label, c in cells.items() if c is not None}
-    rows, qinfo, control = [], {label: q_realised(results[label]) for label in cells}, {}
-    for cost, n, model in axes.priced():
-        ratios = _priced_ratios(results, model, targets, smooth)
-        control[f"{cost_key(cost)}|N{n:g}"] = ratios(TARGET, CONTROL)
-        for label, (arm, q) in cells.items():
-            p = analysis.paired(finals[label], finals[CONTROL], level=level)
-            rows.append({
-                "label": label, "arm": arm, "q": q, "learned": q is None, "cost": cost,
-                "params": float(n), "q_realised": qinfo[label][0],
-                "q_realised_seeds": qinfo[label][1],
-                "ratio_vs_best_real": ratios(TARGET, label),
-                "ratio_vs_anchors_only": ratios(CONTROL, label),
-                "vs_anchors_only": {**p.to_dict(), "verdict": analysis.equivalence(p, margin)},
-                "heldout_final": float(np.nanmean(finals[label])),
-            })  # fmt: skip
+    base = {}  # What a cell is at every cost: its q, its final level against the control.
+    for label, (arm, q) in cells.items():
+        p = analysis.paired(finals[label], finals[CONTROL], level=level)
+        realised, per_seed = q_realised(results[label])
+        base[label] = {
+            "label": label, "arm": arm, "q": q, "learned": q is None,
+            "q_realised": realised, "q_realised_seeds": per_seed,
+            "vs_anchors_only": {**p.to_dict(), "verdict": analysis.equivalence(p, margin)},
+            "heldout_final": float(np.nanmean(finals[label])),
+        }  # fmt: skip
+    rows, control = _priced_rows(results, base, axes, targets, smooth)
     out = {
         "target": TARGET, "control": CONTROL, "arms": list(arms), "smooth": smooth,
         "level": level, "margin": margin, "costs": list(axes.costs),
@@ -296,13 +292,30 @@ def analyse(
         "ledger": {label: ledger_totals(s) for label, s in results.items()},
         "target_level": f"`{TARGET}`'s final level",
     }  # fmt: skip
-    if not axes.charge_repeats and any(c is not None for c in axes.costs):
-        again = analyse(results, arms=arms, axes=axes.repeats_charged(), smooth=smooth,
-                        level=level, margin=margin)  # fmt: skip
+    if any(c is not None for c in axes.costs):
+        again = axes.repeats_charged()
+        rows, control = _priced_rows(results, base, again, targets, smooth)
         out["repeats_charged"] = {
-            k: again[k] for k in ("costs", "rows", "break_even", "anchors_only_vs_best_real")
-        }
+            "costs": list(again.costs), "rows": rows,
+            "break_even": break_evens(rows, arms, again), "anchors_only_vs_best_real": control,
+        }  # fmt: skip
     return out
+
+
+def _priced_rows(results: dict, base: dict, axes: Axes, targets: np.ndarray, smooth: int):
+    """The map's rows (each cell of `base` at every priced cost and N) and the control
+    against the target per `cost_key|N`."""
+    rows, control = [], {}
+    for cost, n, model in axes.priced():
+        ratios = _priced_ratios(results, model, targets, smooth)
+        control[f"{cost_key(cost)}|N{n:g}"] = ratios(TARGET, CONTROL)
+        for label, cell in base.items():
+            rows.append({
+                **cell, "cost": cost, "params": float(n),
+                "ratio_vs_best_real": ratios(TARGET, label),
+                "ratio_vs_anchors_only": ratios(CONTROL, label),
+            })  # fmt: skip
+    return rows, control
 
 
 def _priced_ratios(results: dict, model: CostModel, targets: np.ndarray, smooth: int):

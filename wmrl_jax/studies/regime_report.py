@@ -277,10 +277,8 @@ def headline(a: dict) -> list[str]:
         f"`{control}` against it (`{target}` / `{control}`, compute to the target; "
         f"never: `{control}` does not reach it): {'; '.join(by_n)}."
     )
-    led = a.get("ledger", {})
-    if all((led.get(k) or {}).get("samples") for k in (a["target"], a["control"])):
+    if _has_ledgers(a):
         lines.append(_repeats_sentence(a))
-    wins = [r for r in a["rows"] if (r["ratio_vs_best_real"]["median"] or 0.0) > 1.0]
     for arm in a["arms"]:
         for n in a["params"]:
             lines.append(_arm_sentence(a, arm, n))
@@ -298,9 +296,20 @@ def headline(a: dict) -> list[str]:
                              f"{at}; `{control}` / `{arm}` is {vs}.")  # fmt: skip
     for point in a["literature"]:
         lines.append(_literature_sentence(a, point))
-    if not wins:
+    if not _any_beats_target(a):
         lines.append(f"No cell of the map beats `{target}`.")
     return lines
+
+
+def _has_ledgers(a: dict) -> bool:
+    """Whether the analysis holds the target's and the control's samples (the real map)."""
+    led = a.get("ledger", {})
+    return all((led.get(k) or {}).get("samples") for k in (a["target"], a["control"]))
+
+
+def _any_beats_target(a: dict) -> bool:
+    """Whether some cell's median ratio against the target is above 1."""
+    return any((r["ratio_vs_best_real"]["median"] or 0.0) > 1.0 for r in a["rows"])
 
 
 def brief(a: dict, lead: str) -> str:
@@ -312,8 +321,7 @@ def brief(a: dict, lead: str) -> str:
     ctrl = _span(list(a["anchors_only_vs_best_real"].values()))
     head = [lead, f"`{control}` never reaches `{target}`'s level." if ctrl == "never" else
             f"`{target}` / `{control}`, compute to the target: {ctrl}."]  # fmt: skip
-    led = a.get("ledger", {})
-    if all((led.get(k) or {}).get("samples") for k in (target, control)):
+    if _has_ledgers(a):
         head.append(_repeats_sentence(a))
     arms = []
     for arm in a["arms"]:
@@ -347,7 +355,7 @@ def brief(a: dict, lead: str) -> str:
     repeats = []
     if "repeats_charged" in a:
         repeats = [repeats_sentence(a), break_even_table(repeats_charged(a))]
-    if not any((r["ratio_vs_best_real"]["median"] or 0.0) > 1.0 for r in a["rows"]):
+    if not _any_beats_target(a):
         tail.append(f"No cell of the map beats `{target}`.")
     return "\n\n".join(
         [" ".join(head), break_even_table(a), "Ratios: medians over seeds, ranging over "
