@@ -131,8 +131,11 @@ def compile_train(arch, config, mesh) -> dict:
     return {**_stats(compiled), "compile_s": time.perf_counter() - start}
 
 
-def compile_sampler(arch, config, mesh, rows: int) -> dict:
-    """Memory analysis of one rollout generation (prefill + decode) of `rows` sequences."""
+def compile_sampler(arch, config, mesh, rows: int, *, hlo: bool = False) -> dict:
+    """Memory analysis of one rollout generation (prefill + decode) of `rows` sequences.
+
+    `hlo`: also the compiled program's text (per-device shapes), under "hlo".
+    """
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
@@ -157,7 +160,8 @@ def compile_sampler(arch, config, mesh, rows: int) -> dict:
         stop_ids=(0,), pad_id=0, mesh=mesh, num_samples=1,
     )  # fmt: skip
     compiled = lowered.compile()
-    return {**_stats(compiled), "compile_s": time.perf_counter() - start}
+    out = {**_stats(compiled), "compile_s": time.perf_counter() - start}
+    return {**out, "hlo": compiled.as_text()} if hlo else out
 
 
 def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict:

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding
 
 from tests.models.conftest import ALL_NAMES, fixture_path
 from wmrl_jax.models import api, architectures, gated_delta, memory, qwen3, qwen3_5, sharding
+from wmrl_jax.models.attention import QUERY_BLOCK
 from wmrl_jax.models.config import config_from_dict
 from wmrl_jax.models.qwen3_5_config import Qwen3_5Config
 from wmrl_jax.train import loss, step
@@ -151,7 +152,12 @@ def test_train_estimates_track_xla_buffer_assignment(tokens, remat, vocab):
 
 @pytest.mark.parametrize("prompt,slots", [(256, 512), (1024, 1536)])
 def test_prefill_estimates_track_xla_buffer_assignment(prompt, slots):
-    """A prefill into a cache: dense attention, then query blocks (1024 > QUERY_BLOCK)."""
+    """A prefill into a cache: dense attention, then query blocks (1024 > QUERY_BLOCK).
+
+    The plan counts a block's scores as a GPU compiles them (two arrays in the
+    compute dtype, the float32 softmax fused); the CPU backend keeps a float32
+    copy of them more, added here so that the rest is checked against this backend.
+    """
     config, rows = _tiny_dense(), 2
     graphdef, state = api.abstract_split(config, jnp.bfloat16)
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
@@ -164,8 +170,11 @@ def test_prefill_estimates_track_xla_buffer_assignment(prompt, slots):
 
     ids = jax.ShapeDtypeStruct((rows, prompt), jnp.int32)
     xla = jax.jit(prefill).lower(params, ids).compile().memory_analysis().temp_size_in_bytes
-    ratio = rows * memory.prefill_bytes_per_row(config, prompt, slots, 2) / xla
-    assert 0.85 <= ratio <= 2.0, ratio
+    cpu_float32_scores = 0
+    if prompt > QUERY_BLOCK:
+        cpu_float32_scores = config.num_attention_heads * QUERY_BLOCK * slots * 4
+    planned = rows * (memory.prefill_bytes_per_row(config, prompt, slots, 2) + cpu_float32_scores)
+    assert 0.85 <= planned / xla <= 2.0, planned / xla
 
 
 def test_delta_rule_estimates_track_xla_buffer_assignment():

@@ -55,14 +55,20 @@ def period(layers) -> int:
     )  # fmt: skip
 
 
-def _layer(graphdef, query_block: int, state, x, *args):
-    """One layer's output hidden states (its cache output, unused in training, dropped).
+def apply_layer(graphdef, query_block: int, state, x, *args):
+    """One layer's forward: (hidden states, its cache output).
 
-    Under a mesh its weights are gathered here, inside the checkpoint, so that the
-    backward pass gathers them again rather than keeping them (FSDP).
+    Under a mesh in context its weights are gathered over `fsdp` here and the batch
+    stays split (`sharding.gather_for_use`); inside a checkpoint, the backward pass
+    then gathers them again rather than keeping them (FSDP). No-op without one.
     """
     state = sharding.gather_for_use(state)
-    return nnx.merge(graphdef, state)(sharding.batch_split(x), *args, query_block=query_block)[0]
+    return nnx.merge(graphdef, state)(sharding.batch_split(x), *args, query_block=query_block)
+
+
+def _layer(graphdef, query_block: int, state, x, *args):
+    """One layer's output hidden states (its cache output, unused in training, dropped)."""
+    return apply_layer(graphdef, query_block, state, x, *args)[0]
 
 
 def scan_layers(layers, x, *args, query_block: int, policy):

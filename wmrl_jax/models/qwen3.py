@@ -286,16 +286,16 @@ def layer_call(layer: nnx.Module, *, remat: bool, query_block: int):
     inputs under `REMAT_POLICY`: a training pass keeps only the layer's inputs
     for the backward pass, which recomputes the layer's activations when it
     reaches it. Values and gradients are those of the plain call.
+
+    Under a mesh in context (`jax.sharding.use_abstract_mesh`, as the train step
+    and the sampler set it) the layer gathers its weights over `fsdp` and keeps the
+    batch split (`layer_scan.apply_layer`), with or without remat.
     """
-    if not remat:
-        return functools.partial(layer, query_block=query_block)
     graphdef, state = nnx.split(layer)
-
-    def call(state, *args):
-        return nnx.merge(graphdef, state)(*args, query_block=query_block)
-
-    checkpointed = jax.checkpoint(call, policy=REMAT_POLICY)
-    return functools.partial(checkpointed, state)
+    call = functools.partial(layer_scan.apply_layer, graphdef, query_block)
+    if remat:
+        call = jax.checkpoint(call, policy=REMAT_POLICY)
+    return functools.partial(call, state)
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:

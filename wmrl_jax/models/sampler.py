@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from wmrl_jax.models.qwen3 import positions_from_mask
-from wmrl_jax.models.sharding import cache_spec
+from wmrl_jax.models.sharding import cache_spec, mesh_context
 
 
 class SampleOutput(NamedTuple):
@@ -124,55 +124,61 @@ def _sample(
             cache,
         )
 
-    cache = place(model.init_cache(b, slots, dtype))
-    prompt_mask = prompt_mask.astype(bool)
-    slot = jnp.arange(slots)
-    prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, n)))  # [B, S]
-    mask = (slot[None, :] <= jnp.arange(p)[:, None])[None] & prompt_slots[:, None, :]
-    positions = positions_from_mask(prompt_mask)
-    logits, cache = model(prompt_ids, positions, mask, cache, 0, last_only=True)
-    n_prompt = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
-    if num_samples > 1:  # one prefill per prompt; its cache copied for each sample
-        logits, prompt_slots, n_prompt = (
-            jnp.repeat(x, num_samples, axis=0) for x in (logits, prompt_slots, n_prompt)
+    # Each layer gathers its weights where it is used and the batch stays split (FSDP).
+    with mesh_context(mesh):
+        cache = place(model.init_cache(b, slots, dtype))
+        prompt_mask = prompt_mask.astype(bool)
+        slot = jnp.arange(slots)
+        prompt_slots = jnp.pad(prompt_mask, ((0, 0), (0, n)))  # [B, S]
+        mask = (slot[None, :] <= jnp.arange(p)[:, None])[None] & prompt_slots[:, None, :]
+        positions = positions_from_mask(prompt_mask)
+        logits, cache = model(prompt_ids, positions, mask, cache, 0, last_only=True)
+        n_prompt = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)
+        if num_samples > 1:  # one prefill per prompt; its cache copied for each sample
+            logits, prompt_slots, n_prompt = (
+                jnp.repeat(x, num_samples, axis=0) for x in (logits, prompt_slots, n_prompt)
+            )
+            cache = place(jax.tree_util.tree_map(lambda x: jnp.repeat(x, num_samples, 0), cache))
+            b = b * num_samples
+        stops = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+
+        def cond(state):
+            t, _, _, _, _, _, done = state
+            return (t < n) & ~jnp.all(done)
+
+        def body(state):
+            t, cache, last, tokens, logps, live, done = state
+            if greedy:
+                token = jnp.argmax(last, axis=-1).astype(jnp.int32)
+            else:
+                filtered = filter_logits(last, temperature=temperature, top_k=top_k, top_p=top_p)
+                token = jax.random.categorical(jax.random.fold_in(key, t), filtered).astype(
+                    jnp.int32
+                )
+            logp = jnp.take_along_axis(jax.nn.log_softmax(last, axis=-1), token[:, None], axis=-1)[
+                :, 0
+            ]
+            token = jnp.where(done, pad_id, token)
+            tokens = tokens.at[:, t].set(token)
+            logps = logps.at[:, t].set(jnp.where(done, 0.0, logp))
+            live = live.at[:, t].set(~done)
+            done = done | jnp.any(token[:, None] == stops[None, :], axis=-1)
+            visible = prompt_slots | ((slot >= p) & (slot <= p + t))[None, :]
+            step_logits, cache = model(
+                token[:, None], (n_prompt + t)[:, None], visible[:, None, :], cache, p + t
+            )
+            return t + 1, cache, step_logits[:, 0], tokens, logps, live, done
+
+        state = (
+            jnp.int32(0),
+            cache,
+            logits[:, -1],
+            jnp.full((b, n), pad_id, jnp.int32),
+            jnp.zeros((b, n), jnp.float32),
+            jnp.zeros((b, n), bool),
+            jnp.zeros((b,), bool),
         )
-        cache = place(jax.tree_util.tree_map(lambda x: jnp.repeat(x, num_samples, 0), cache))
-        b = b * num_samples
-    stops = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
-
-    def cond(state):
-        t, _, _, _, _, _, done = state
-        return (t < n) & ~jnp.all(done)
-
-    def body(state):
-        t, cache, last, tokens, logps, live, done = state
-        if greedy:
-            token = jnp.argmax(last, axis=-1).astype(jnp.int32)
-        else:
-            filtered = filter_logits(last, temperature=temperature, top_k=top_k, top_p=top_p)
-            token = jax.random.categorical(jax.random.fold_in(key, t), filtered).astype(jnp.int32)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(last, axis=-1), token[:, None], axis=-1)[:, 0]
-        token = jnp.where(done, pad_id, token)
-        tokens = tokens.at[:, t].set(token)
-        logps = logps.at[:, t].set(jnp.where(done, 0.0, logp))
-        live = live.at[:, t].set(~done)
-        done = done | jnp.any(token[:, None] == stops[None, :], axis=-1)
-        visible = prompt_slots | ((slot >= p) & (slot <= p + t))[None, :]
-        step_logits, cache = model(
-            token[:, None], (n_prompt + t)[:, None], visible[:, None, :], cache, p + t
-        )
-        return t + 1, cache, step_logits[:, 0], tokens, logps, live, done
-
-    state = (
-        jnp.int32(0),
-        cache,
-        logits[:, -1],
-        jnp.full((b, n), pad_id, jnp.int32),
-        jnp.zeros((b, n), jnp.float32),
-        jnp.zeros((b, n), bool),
-        jnp.zeros((b,), bool),
-    )
-    _, _, _, tokens, logps, live, _ = jax.lax.while_loop(cond, body, state)
+        _, _, _, tokens, logps, live, _ = jax.lax.while_loop(cond, body, state)
     live = live.astype(jnp.int32)
     return SampleOutput(tokens, logps, live, jnp.sum(live, axis=-1))
 

@@ -10,6 +10,7 @@ over (`data`, `fsdp`). A mesh axis is dropped
 from a dim it does not divide, so tiny test models still shard.
 """
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -115,6 +116,16 @@ def cache_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
 def batch_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
     """Token arrays [B, ...]: batch over (data, fsdp)."""
     return _fit((BATCH,) + (None,) * (len(shape) - 1), shape, mesh)
+
+
+def mesh_context(mesh: Mesh | None):
+    """`mesh` as the abstract mesh of what is traced inside (nothing without one).
+
+    Inside it, `gather_for_use` and `batch_split` constrain to this mesh.
+    """
+    if mesh is None:
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
 def _context_mesh():

@@ -24,16 +24,15 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, use_abstract_mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from wmrl_jax.core import grpo
-from wmrl_jax.models import lm_head, lora, qwen3
+from wmrl_jax.models import lm_head, lora, qwen3, sharding
 from wmrl_jax.models.sharding import BATCH
 from wmrl_jax.train import state as state_lib
 
@@ -243,19 +242,14 @@ def loss_and_grads(graphdef, params, batch, *, config, ref_logprobs=None, mesh=N
     if mesh is not None:
         zeros = jax.lax.with_sharding_constraint(zeros, state_lib.tree_shardings(zeros, mesh))
     micro = split_microbatches(data, config.num_microbatches, mesh)
-    # The mesh in context: the remat layer scan gathers weights, not the batch.
-    with _mesh_context(mesh):
+    # The mesh in context: each layer gathers its weights, not the batch (FSDP).
+    with sharding.mesh_context(mesh):
         (grads, sums), _ = jax.lax.scan(body, (zeros, _zero_sums(bool(aux_coef))), micro)
     any_valid = total_tokens > 0
     sums["ratio_min"] = jnp.where(any_valid, sums["ratio_min"], 1.0)
     sums["ratio_max"] = jnp.where(any_valid, sums["ratio_max"], 1.0)
     sums["tokens"] = total_tokens
     return sums["loss"], grads, sums
-
-
-def _mesh_context(mesh: Mesh | None):
-    """`mesh` as the abstract mesh of what is traced inside (nothing without one)."""
-    return contextlib.nullcontext() if mesh is None else use_abstract_mesh(mesh.abstract_mesh)
 
 
 def split_microbatches(data: dict, num_microbatches: int, mesh: Mesh | None = None) -> dict:
