@@ -238,16 +238,21 @@ def test_committed_results_tabulate_into_their_section(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "section, name", [("aot", "qwen3_train.json"), ("aot-qwen3.5", "qwen3_5_train.json")]
+    "section, names",
+    [
+        ("aot", ["qwen3_train.json"]),
+        ("aot-qwen3.5", ["qwen3_5_train.json"]),
+        ("aot-rollout", ["qwen3_rollout.json", "qwen3_5_rollout.json"]),
+    ],
 )
-def test_the_committed_tables_are_what_their_json_tabulates(tmp_path, section, name):
+def test_the_committed_tables_are_what_their_json_tabulates(tmp_path, section, names):
     # benchmarks/README.md's compile tables are regenerated from the committed JSON, not
     # edited by hand.
     here = os.path.dirname(aot.__file__)
     readme = os.path.join(here, "README.md")
     page = tmp_path / "README.md"
     shutil.copy(readme, page)
-    results = os.path.join(here, "aot_results", name)
+    results = ",".join(os.path.join(here, "aot_results", name) for name in names)
     aot.main(["--from-json", results, "--readme", str(page), "--section", section])
     with open(readme, encoding="utf-8") as f:
         assert page.read_text() == f.read()
