@@ -13,7 +13,7 @@ from wmrl_jax.models.gated_delta import (
 )
 
 # Jitted once per shape: eager dispatch of the scan's op-by-op form is slower than compiling.
-chunked = jax.jit(gated_delta_chunked, static_argnames="chunk_size")
+chunked = jax.jit(gated_delta_chunked, static_argnames=("chunk_size", "normalize", "per_chunk"))
 
 
 def naive(q, k, v, g, beta, state=None):
@@ -48,6 +48,35 @@ def test_chunked_matches_naive(t, chunk):
     want, want_state = naive(q, k, v, g, beta, state)
     out, final = chunked(q, k, v, g, beta, chunk_size=chunk, initial_state=state)
     assert out.dtype == final.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), want, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(final), want_state, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize(("t", "chunk"), [(150, 64), (128, 64), (7, 64), (50, 16)])
+def test_per_chunk_matches_all_chunks_at_once(t, chunk):
+    """The prefill's form (each chunk prepared inside the scan) is the same arithmetic."""
+    q, k, v, g, beta, state = inputs(10 + t, t=t, decay=0.5)
+    want, want_state = naive(q, k, v, g, beta, state)
+    out, final = chunked(q, k, v, g, beta, chunk_size=chunk, initial_state=state, per_chunk=True)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(final), want_state, rtol=0, atol=2e-5)
+    at_once = chunked(q, k, v, g, beta, chunk_size=chunk, initial_state=state)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(at_once[0]), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("per_chunk", [False, True])
+def test_normalize_and_key_heads_shared_by_value_heads(per_chunk):
+    """`normalize` and Hk < H on bf16 inputs: as normalising, scaling and repeating first."""
+    rng = np.random.default_rng(20)
+    b, t, hk, h, dk, dv = 2, 90, 2, 6, 8, 12
+    raw_q, raw_k = (jnp.asarray(rng.normal(size=(b, t, hk, dk)), jnp.bfloat16) for _ in "qk")
+    _, _, v, g, beta, state = inputs(21, b=b, t=t, h=h, dk=dk, dv=dv)
+    v = v.astype(jnp.bfloat16)
+    q, k = (jnp.repeat(x.astype(jnp.float32), h // hk, axis=2) for x in (raw_q, raw_k))
+    want, want_state = naive(l2_normalize(q) * dk**-0.5, l2_normalize(k), v, g, beta, state)
+    out, final = chunked(
+        raw_q, raw_k, v, g, beta, initial_state=state, normalize=True, per_chunk=per_chunk
+    )
     np.testing.assert_allclose(np.asarray(out), want, rtol=0, atol=2e-5)
     np.testing.assert_allclose(np.asarray(final), want_state, rtol=0, atol=2e-5)
 
@@ -122,7 +151,7 @@ def test_jitted_and_not_agree_and_no_recompile():
 
 def test_bad_shapes():
     q, k, v, g, beta, _ = inputs(7, t=8)
-    with pytest.raises(ValueError, match=r"\[B, T, H, Dk\]"):
+    with pytest.raises(ValueError, match=r"\[B, T, Hk, Dk\]"):
         gated_delta_chunked(q, k[:, :4], v, g, beta)
     with pytest.raises(ValueError, match="beta"):
         gated_delta_chunked(q, k, v, g, beta[..., :1])

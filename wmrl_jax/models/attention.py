@@ -50,13 +50,19 @@ def _block_attention(q, k, v, mask):
     return jnp.einsum("bkgts,bksd->btkgd", probs, v)
 
 
-def _blocked_attention(q, k, v, mask, block: int):
+def _blocked_attention(q, k, v, mask, block: int, *, differentiable: bool = True):
     """`_block_attention` over query blocks of `block` rows, one block's scores at a time.
 
     Args:
         q: [B, K, G, T, D]; k, v: [B, K, S, D]; mask: bool [B, T, S].
         block: rows per block; T is padded up to a multiple of it (padded rows
             see no slot and are dropped).
+        differentiable: False where nothing is differentiated (a prefill into a
+            cache): each block's output is then written in place into a buffer
+            made from this call's data (q, transposed), not stacked as a map's
+            output, whose zero-initialised buffer is a constant that XLA builds
+            for every layer at the program's start and keeps until the layer
+            runs (Qwen3.5-4B's sampler on 8 H200s: 0.5 GiB per attention layer).
 
     Returns:
         Output of shape [B, T, K, G, D].
@@ -66,6 +72,16 @@ def _blocked_attention(q, k, v, mask, block: int):
     pad = n * block - t
     q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
     mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+    if not differentiable:
+
+        def write(i, out):
+            qb = jax.lax.dynamic_slice_in_dim(q, i * block, block, axis=3)
+            mb = jax.lax.dynamic_slice_in_dim(mask, i * block, block, axis=1)
+            return jax.lax.dynamic_update_slice_in_dim(
+                out, _block_attention(qb, k, v, mb), i * block, axis=1
+            )
+
+        return jax.lax.fori_loop(0, n, write, q.transpose(0, 3, 1, 2, 4))[:, :t]
     q_blocks = jnp.moveaxis(q.reshape(b, kh, g, n, block, d), 3, 0)  # [n, B, K, G, block, D]
     mask_blocks = jnp.moveaxis(mask.reshape(b, n, block, -1), 1, 0)  # [n, B, block, S]
 
@@ -112,5 +128,5 @@ def attend(q, k, v, mask, kv=None, cache_index=None, *, query_block: int = QUERY
     if t <= query_block:
         out = _block_attention(q, k, v, mask)
     else:
-        out = _blocked_attention(q, k, v, mask, query_block)
+        out = _blocked_attention(q, k, v, mask, query_block, differentiable=kv is None)
     return out.reshape(b, t, -1), (k, v)

@@ -51,15 +51,40 @@ def unit_lower_inverse(lower: jax.Array) -> jax.Array:
 
 
 def _check(q, k, v, g, beta):
-    b, t, h, dk = q.shape
-    if k.shape != q.shape or v.shape[:3] != (b, t, h) or g.shape != (b, t, h):
+    b, t, hk, dk = q.shape
+    h = v.shape[2] if v.ndim == 4 else -1
+    if k.shape != q.shape or v.shape[:2] != (b, t) or g.shape != (b, t, h) or h % hk:
         raise ValueError(
-            f"expected q, k [B, T, H, Dk], v [B, T, H, Dv], g, beta [B, T, H]; got "
-            f"q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, beta {beta.shape}"
+            f"expected q, k [B, T, Hk, Dk], v [B, T, H, Dv], g, beta [B, T, H] with Hk "
+            f"dividing H; got q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
+            f"beta {beta.shape}"
         )
     if beta.shape != g.shape:
         raise ValueError(f"beta {beta.shape} != g {g.shape}")
     return b, h, dk, v.shape[-1]
+
+
+def prepare(q, k, v, g, beta, *, normalize: bool = False):
+    """The rule's inputs in float32, q and k repeated to the value heads.
+
+    Args:
+        q, k: of shape [..., Hk, Dk]; each key head serves H / Hk consecutive value heads.
+        v: of shape [..., H, Dv].
+        g, beta: of shape [..., H].
+        normalize: L2-normalise q and k here, and scale q by 1/sqrt(Dk) (as the
+            module docstring's caller would).
+
+    Returns:
+        float32 (q, k, v, g, beta), q and k of shape [..., H, Dk].
+    """
+    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+    if normalize:
+        q = l2_normalize(q) * jnp.float32(q.shape[-1] ** -0.5)
+        k = l2_normalize(k)
+    repeat = v.shape[-2] // q.shape[-2]
+    if repeat > 1:
+        q, k = jnp.repeat(q, repeat, axis=-2), jnp.repeat(k, repeat, axis=-2)
+    return q, k, v.astype(jnp.float32), g.astype(jnp.float32), beta.astype(jnp.float32)
 
 
 def gated_delta_step(q, k, v, g, beta, state):
@@ -96,7 +121,7 @@ def gated_delta_recurrent(q, k, v, g, beta, initial_state=None):
     """
     b, h, dk, dv = _check(q, k, v, g, beta)
     state = jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None else initial_state
-    xs = [jnp.moveaxis(x.astype(jnp.float32), 1, 0) for x in (q, k, v, g, beta)]
+    xs = [jnp.moveaxis(x, 1, 0) for x in prepare(q, k, v, g, beta)]
 
     def body(s, x):
         out, s = gated_delta_step(*x, s.astype(jnp.float32))
@@ -106,39 +131,15 @@ def gated_delta_recurrent(q, k, v, g, beta, initial_state=None):
     return jnp.moveaxis(out, 0, 1), state
 
 
-def gated_delta_chunked(q, k, v, g, beta, *, chunk_size: int = 64, initial_state=None):
-    """The gated delta rule in chunks: parallel within a chunk, a scan across chunks.
+def _chunk_terms(q, k, v, g, beta):
+    """What the scan across chunks reads of each chunk, from its inputs [..., C, D].
 
-    Everything runs in float32 with matmuls at the highest precision. T need not
-    be a multiple of `chunk_size`: the tail is padded with k = v = 0, g = 0, which
-    leaves the state unchanged.
-
-    Args:
-        q, k: of shape [B, T, H, Dk] (as described in the module docstring).
-        v: of shape [B, T, H, Dv].
-        g, beta: of shape [B, T, H].
-        chunk_size: C, tokens per chunk.
-        initial_state: optional float32 of shape [B, H, Dk, Dv] (default zeros).
-
-    Returns:
-        (output float32 [B, T, H, Dv], final state float32 [B, H, Dk, Dv]).
+    Returns (u, w, attn, q_in, k_out, chunk_decay): the chunk's writes net of its own
+    delta updates, its reads of the incoming state, its causal attention, the decayed
+    queries and keys, and its total decay (shaped [..., 1, 1]).
     """
-    b, h, dk, dv = _check(q, k, v, g, beta)
-    t = q.shape[1]
-    c = int(chunk_size)
-    if c < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    pad = -t % c
-    n = (t + pad) // c
-
-    def chunks(x):  # [B, T, H, ...] -> [N, B, H, C, ...] in float32
-        x = x.astype(jnp.float32)
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        x = x.reshape(b, n, c, h, *x.shape[3:])
-        return jnp.moveaxis(x, (1, 3), (0, 2))
-
-    q, k, v, g, beta = (chunks(x) for x in (q, k, v, g, beta))
-    cum = jnp.cumsum(g, axis=-1)  # [N, B, H, C]: log-decay from the chunk start
+    c = q.shape[-2]
+    cum = jnp.cumsum(g, axis=-1)  # [..., C]: log-decay from the chunk start
     causal = jnp.tril(jnp.ones((c, c), bool))
     # exp(cum_i - cum_j) for j <= i; -inf above the diagonal so exp never overflows.
     decay = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
@@ -151,18 +152,88 @@ def gated_delta_chunked(q, k, v, g, beta, *, chunk_size: int = 64, initial_state
     attn = _einsum("...id,...jd->...ij", q, k) * decay
     q_in = q * jnp.exp(cum)[..., None]
     k_out = k * jnp.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = jnp.exp(cum[..., -1])[..., None, None]
+    return u, w, attn, q_in, k_out, jnp.exp(cum[..., -1])[..., None, None]
 
-    def body(state, x):
-        u, w, attn, q_in, k_out, chunk_decay = x
-        v_new = u - _einsum("bhck,bhkv->bhcv", w, state)
-        out = _einsum("bhck,bhkv->bhcv", q_in, state) + _einsum("bhij,bhjv->bhiv", attn, v_new)
-        state = state * chunk_decay + _einsum("bhck,bhcv->bhkv", k_out, v_new)
-        return state, out
+
+def _chunk_step(state, terms):
+    """One chunk across the state: (state [B, H, Dk, Dv], its output [B, H, C, Dv])."""
+    u, w, attn, q_in, k_out, chunk_decay = terms
+    v_new = u - _einsum("bhck,bhkv->bhcv", w, state)
+    out = _einsum("bhck,bhkv->bhcv", q_in, state) + _einsum("bhij,bhjv->bhiv", attn, v_new)
+    state = state * chunk_decay + _einsum("bhck,bhcv->bhkv", k_out, v_new)
+    return state, out
+
+
+def gated_delta_chunked(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    chunk_size: int = 64,
+    initial_state=None,
+    normalize: bool = False,
+    per_chunk: bool = False,
+):
+    """The gated delta rule in chunks: parallel within a chunk, a scan across chunks.
+
+    Everything runs in float32 with matmuls at the highest precision. T need not
+    be a multiple of `chunk_size`: the tail is padded with k = v = 0, g = 0, which
+    leaves the state unchanged.
+
+    Args:
+        q, k: of shape [B, T, Hk, Dk] (as described in the module docstring, unless
+            `normalize`); each key head serves H / Hk consecutive value heads.
+        v: of shape [B, T, H, Dv].
+        g, beta: of shape [B, T, H].
+        chunk_size: C, tokens per chunk.
+        initial_state: optional float32 of shape [B, H, Dk, Dv] (default zeros).
+        normalize: L2-normalise q and k and scale q by 1/sqrt(Dk) here (`prepare`).
+        per_chunk: take each chunk of the inputs, in their dtype, and build
+            everything the scan needs of it inside the scan, one chunk at a time:
+            the same arithmetic without a single float32 tensor of the inputs' size
+            but the output (the sampler's prefill, which is not differentiated).
+            Otherwise the inputs are prepared, and the intra-chunk terms built, for
+            all chunks at once before the scan (more parallel work per op).
+
+    Returns:
+        (output float32 [B, T, H, Dv], final state float32 [B, H, Dk, Dv]).
+    """
+    b, h, dk, dv = _check(q, k, v, g, beta)
+    t = q.shape[1]
+    c = int(chunk_size)
+    if c < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    pad = -t % c
+    n = (t + pad) // c
+
+    def split(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        x = x.reshape(b, n, c, *x.shape[2:])
+        return jnp.moveaxis(x, (1, 3), (0, 2))
 
     state = jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None else initial_state
-    state, out = jax.lax.scan(
-        body, state.astype(jnp.float32), (u, w, attn, q_in, k_out, chunk_decay)
-    )
+    state = state.astype(jnp.float32)
+    if per_chunk:
+        inputs = [
+            jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in (q, k, v, g, beta)
+        ]
+
+        def body(i, carry):
+            state, out = carry
+            chunk = (jax.lax.dynamic_slice_in_dim(x, i * c, c, axis=1) for x in inputs)
+            chunk = prepare(*chunk, normalize=normalize)
+            state, o = _chunk_step(state, _chunk_terms(*(jnp.moveaxis(x, 1, 2) for x in chunk)))
+            return state, jax.lax.dynamic_update_slice_in_dim(out, jnp.moveaxis(o, 1, 2), i * c, 1)
+
+        # Each chunk's output is written over a float32 copy of v: a buffer made from
+        # this call's data. A scan's zero-initialised output is a constant instead, and
+        # XLA builds all layers' at once at the program's start, each then alive until
+        # its layer has run (Qwen3.5-4B's sampler on 8 H200s: 1 GiB per GDN layer).
+        state, out = jax.lax.fori_loop(0, n, body, (state, inputs[2].astype(jnp.float32)))
+        return out[:, :t], state
+    xs = _chunk_terms(*(split(x) for x in prepare(q, k, v, g, beta, normalize=normalize)))
+    state, out = jax.lax.scan(_chunk_step, state, xs)
     out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, h, dv)
     return out[:, :t], state

@@ -307,12 +307,16 @@ def _chunk_matrices(chunk: int, grad: bool) -> int:
     return 8 + 4 * max(chunk - 1, 1).bit_length() if grad else 4
 
 
-def delta_rule_bytes(config: Qwen3_5Config, tokens: int, tensor: int = 1, *, grad: bool) -> int:
+def delta_rule_bytes(
+    config: Qwen3_5Config, tokens: int, tensor: int = 1, *, grad: bool, per_chunk: bool = False
+) -> int:
     """Float32 bytes of one chunked gated-delta pass over `tokens` tokens (one sequence).
 
     Per token and value head: q, k, k_beta, w, q_in (Dk each), v, u, out (Dv each)
     and one row of each chunk matrix (`_chunk_matrices`); plus one [Dk, Dv] state
     per chunk. `grad`: with the residuals and cotangents of a backward pass.
+    `per_chunk` (the prefill's form, `gated_delta_chunked(per_chunk=True)`): the
+    output (Dv per token and head) and one chunk's tensors and state.
     """
     c = config
     heads = _split(c.linear_num_value_heads, tensor)
@@ -322,8 +326,10 @@ def delta_rule_bytes(config: Qwen3_5Config, tokens: int, tensor: int = 1, *, gra
         + 3 * c.linear_value_head_dim
         + _chunk_matrices(CHUNK_SIZE, grad) * CHUNK_SIZE
     )
-    states = chunks * c.linear_key_head_dim * c.linear_value_head_dim
-    return 4 * heads * (tokens * per_token + states)
+    state = c.linear_key_head_dim * c.linear_value_head_dim
+    if per_chunk:
+        return 4 * heads * (tokens * c.linear_value_head_dim + CHUNK_SIZE * per_token + state)
+    return 4 * heads * (tokens * per_token + chunks * state)
 
 
 def prefill_bytes_per_row(
@@ -349,7 +355,7 @@ def prefill_bytes_per_row(
     mixers = [
         _attention_scores(c, prompt, slots, tensor, query_block, compute_bytes)
         if kind == "full_attention"
-        else delta_rule_bytes(c, prompt, tensor, grad=False)
+        else delta_rule_bytes(c, prompt, tensor, grad=False, per_chunk=True)
         for kind in set(layer_kinds(c))
     ]
     return hidden + prompt * slots + max(mlp, *mixers) + 4 * 4 * c.vocab_size

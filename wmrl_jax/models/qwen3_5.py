@@ -25,11 +25,7 @@ from flax import nnx
 
 from wmrl_jax.models import layer_scan
 from wmrl_jax.models.attention import QUERY_BLOCK, attend
-from wmrl_jax.models.gated_delta import (
-    gated_delta_chunked,
-    gated_delta_step,
-    l2_normalize,
-)
+from wmrl_jax.models.gated_delta import gated_delta_chunked, gated_delta_step, prepare
 from wmrl_jax.models.qwen3 import (
     MLP,
     REMAT_POLICY,
@@ -167,19 +163,20 @@ class GatedDeltaNet(nnx.Module):
         beta = jax.nn.sigmoid(self.in_proj_b(x)).astype(jnp.float32)
         a = self.in_proj_a(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
-        q = l2_normalize(q) * jnp.float32(c.linear_key_head_dim**-0.5)
-        k = l2_normalize(k)
-        # Each key head serves hv // hk consecutive value heads.
-        q, k = jnp.repeat(q, hv // hk, axis=2), jnp.repeat(k, hv // hk, axis=2)
-        v = v.astype(jnp.float32)
         state = None if cache is None else cache.state
         if cache is not None and t == 1:
-            out, state = gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state)
+            q, k, v, g, beta = prepare(
+                q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], normalize=True
+            )
+            out, state = gated_delta_step(q, k, v, g, beta, state)
             out = out[:, None]
         else:
+            # With a cache (the sampler's prefill) nothing is differentiated: each chunk is
+            # prepared in the scan, so no float32 tensor of the inputs' size is made.
             out, state = gated_delta_chunked(
-                q, k, v, g, beta, chunk_size=CHUNK_SIZE, initial_state=state
-            )
+                q, k, v, g, beta, chunk_size=CHUNK_SIZE, initial_state=state, normalize=True,
+                per_chunk=cache is not None,
+            )  # fmt: skip
         z = self.in_proj_z(x).reshape(b, t, hv, c.linear_value_head_dim)
         out = self.norm(out.astype(x.dtype), z).reshape(b, t, -1)
         conv_state = window[:, t:].transpose(0, 2, 1)  # the last kernel - 1 inputs
