@@ -179,7 +179,7 @@ def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict
     p = memory.plan(arch, memory.workload_from_config(config), sizes, target)
     resident = p.resident
     state = resident["params"] + resident["optimizer (AdamW mu, nu)"]
-    gathered = resident.get("FSDP-gathered weights (in use)", 0)
+    gathered = resident.get(memory.GATHERED, 0)
     rows = gen_rows or p.batch_sizes()["rollout"] // p.batch_devices
     return {
         "train_state": state,
@@ -188,7 +188,7 @@ def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict
         "train_rows": p.train_rows,
         "gen_rows": rows,
         "gen_params": resident["params"],
-        "gen_temporaries": rows * p.gen_row + gathered,
+        "gen_temporaries": rows * p.gen_row + p.gen_gathered,
         "fits": p.fits,
     }
 

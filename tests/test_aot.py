@@ -38,10 +38,13 @@ def test_gpu_target_config_and_unknown_target():
 
 # Run on 8 forced host devices in a fresh process: a tiny Qwen3's sharded train step
 # (fsdp=4, two micro-batches) and sampler, lowered on abstract arrays and compiled.
-# In float32: the CPU backend computes bfloat16 dots in float32 and, under remat, keeps
-# float32 copies of the stacked layers and of the kept layer inputs that a GPU does not
-# (bfloat16 here: XLA's remat temporaries grow 0.78 MiB per layer, the plan's 0.44; for
-# an H200 target, benchmarks.aot, they grow as the plan's).
+# With remat in float32: the CPU backend computes bfloat16 dots in float32 and, under
+# remat, keeps float32 copies of the stacked layers and of the kept layer inputs that a
+# GPU does not (bfloat16 here: XLA's remat temporaries grow 0.78 MiB per layer, the
+# plan's 0.44; for an H200 target, benchmarks.aot, they grow as the plan's). Without
+# remat in bfloat16, as a GPU runs it (in float32 the CPU backend's buffer assignment
+# reuses more: the plan is 1.28x / 1.19x of it at 2 / 4 layers, where for the GPU
+# target it is 1.01-1.06x, Qwen3-4B's width at 512 and 8,192 tokens).
 _SCRIPT = r"""
 import json, os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -60,7 +63,8 @@ for remat in (False, True):
         config.tasks_per_step, config.group_size = 2, 4
         config.agent.text.max_prompt_tokens, config.agent.text.max_new_tokens = 192, 64
         config.train.remat = remat
-        config.agent.text.dtype = config.train.compute_dtype = "float32"
+        dtype = "float32" if remat else "bfloat16"
+        config.agent.text.dtype = config.train.compute_dtype = dtype
         mesh = sharding.make_mesh(1, 4, 1, devices=jax.devices("cpu")[:4])
         plan = aot.plan_numbers(arch, config, "h200", gen_rows=1)
         out[f"{remat}-{layers}"] = {
@@ -98,11 +102,15 @@ def test_plan_state_matches_compiled_arguments(tiny_compiles):
 
 
 def test_plan_train_temporaries_track_the_compiler_without_remat(tiny_compiles):
-    """Without remat the plan's gradients + activations are within 25% of XLA's
-    temporaries (the issue's tolerance) at 2 and 4 layers."""
+    """Without remat (each layer gathering its weights and keeping the batch split, as
+    with it) the plan's gradients + activations are within 25% of XLA's temporaries
+    (the issue's tolerance) at 2 and 4 layers. The CPU backend keeps each layer's
+    norms' float32 inputs and outputs, which a GPU compile fuses; they are added here
+    (as in tests/models/test_memory.py)."""
     for layers in (2, 4):
         run = tiny_compiles[f"False-{layers}"]
-        ratio = run["plan"]["train_temporaries"] / run["train"]["temporaries"]
+        cpu_norms = run["plan"]["train_rows"] * 256 * layers * 128 * 2 * 4  # 256 tokens, width 128
+        ratio = (run["plan"]["train_temporaries"] + cpu_norms) / run["train"]["temporaries"]
         assert 0.75 <= ratio <= 1.25, (layers, ratio)
 
 

@@ -146,6 +146,11 @@ def test_train_estimates_track_xla_buffer_assignment(tokens, remat, vocab):
     gradients = memory.param_count(config) * (4 + 2)
     stacked = memory.layer_elements_per_device(config, {}) * 2 if remat else 0
     planned = rows * memory.train_bytes_per_row(config, tokens, 2, remat=remat)
+    if not remat:
+        # The CPU backend keeps each layer's norms' float32 inputs and outputs; a GPU
+        # compile fuses them (benchmarks.aot: Qwen3-4B without remat for 8 H200s,
+        # plan 1.01-1.02x).
+        planned += rows * tokens * config.num_hidden_layers * config.hidden_size * 2 * 4
     ratio = (planned + gradients + stacked) / xla
     assert 0.95 <= ratio <= 1.25, ratio
 

@@ -343,21 +343,31 @@ def prefill_bytes_per_row(
 ) -> int:
     """Estimated transient bytes of one sequence's prefill (no gradient), on one device.
 
-    The peak is one layer at a time: the larger of its token mixer's working set
-    (attention scores [H, rows, slots] for one block of query rows, or the chunked
-    delta rule's tensors) and the MLP's [prompt, 3 F], on top of a few hidden-state
-    copies [prompt, hidden] and the [prompt, slots] mask. The LM head runs on the
-    last position only.
+    The peak is one layer's phase at a time, on top of the [prompt, slots] mask and
+    two hidden-state copies [prompt, hidden] (the residual stream and the phase's
+    input); the larger of
+    * attention: one block's scores (`_attention_scores`) and the queries' arrays
+      [prompt, H, D] in the compute dtype: the projection (with Qwen3.5's gate),
+      its copy cut in blocks and the output written in place (`attention.attend`);
+    * Gated DeltaNet: the projection and the conv output [prompt, conv_dim] and
+      the per-chunk delta rule's output (`delta_rule_bytes(per_chunk=True)`);
+    * the MLP: gate and up [prompt, F] (their product replaces one).
+    The LM head runs on the last position only.
     """
-    c = config
-    hidden = 4 * prompt * c.hidden_size * compute_bytes
-    mlp = 3 * prompt * _split(c.intermediate_size, tensor) * compute_bytes
-    mixers = [
-        _attention_scores(c, prompt, slots, tensor, query_block, compute_bytes)
-        if kind == "full_attention"
-        else delta_rule_bytes(c, prompt, tensor, grad=False, per_chunk=True)
-        for kind in set(layer_kinds(c))
-    ]
+    c, b = config, compute_bytes
+    hidden = 2 * prompt * c.hidden_size * b
+    mlp = 2 * prompt * _split(c.intermediate_size, tensor) * b
+
+    def mixer(kind: str) -> int:
+        if kind == "full_attention":
+            gate = 2 if isinstance(c, Qwen3_5Config) else 1  # Qwen3.5 queries carry a gate
+            queries = prompt * _split(c.num_attention_heads, tensor) * c.head_dim * b
+            scores = _attention_scores(c, prompt, slots, tensor, query_block, b)
+            return scores + (gate + 2) * queries
+        conv = 2 * prompt * _split(c.conv_dim, tensor) * b
+        return conv + delta_rule_bytes(c, prompt, tensor, grad=False, per_chunk=True)
+
+    mixers = [mixer(kind) for kind in set(layer_kinds(c))]
     return hidden + prompt * slots + max(mlp, *mixers) + 4 * 4 * c.vocab_size
 
 
@@ -378,20 +388,25 @@ def _layer_bytes(
     """(residuals kept for the backward pass, backward working set) of one layer, one sequence."""
     c = config
     f = _split(c.intermediate_size, tensor)
-    # Norm inputs and outputs (float32 inside the norm), residual stream, MLP in/out.
-    dense = tokens * (c.hidden_size * (4 * b + 2 * 4) + 3 * f * b)
+    # Norm inputs and outputs, residual stream, MLP in/out (kept); the backward adds
+    # the norms' float32 internals.
+    kept_dense = tokens * (c.hidden_size * 4 * b + 3 * f * b)
+    dense = kept_dense + tokens * c.hidden_size * 2 * 4
     if kind == "full_attention":
         heads, proj, rows, scores = _attention_sizes(c, tokens, b, tensor, query_block)
         if rows == tokens:  # dense: the scores are residuals; the backward adds cotangents
-            return dense + proj + scores * SCORE_BYTES, dense + scores * _score_cotangent_bytes(b)
+            return (
+                kept_dense + proj + scores * SCORE_BYTES,
+                dense + scores * _score_cotangent_bytes(b),
+            )
         # Blocked: the queries in blocks and the mask are kept; the backward pass
         # recomputes one block's scores and takes their cotangents.
         blocks = heads * tokens * c.head_dim * b + tokens * tokens
-        return dense + proj + blocks, dense + scores * _block_score_bytes(b, grad=True)
+        return kept_dense + proj + blocks, dense + scores * _block_score_bytes(b, grad=True)
     channels = _split(c.conv_dim, tensor) + _split(c.linear_value_dim, tensor)
     proj = tokens * channels * (2 * b + 4)  # projections, conv output, gate z
     delta = delta_rule_bytes(c, tokens, tensor, grad=True)
-    return dense + proj + delta, dense + delta
+    return kept_dense + proj + delta, dense + delta
 
 
 # Bytes per score that a rebuilt dense attention layer keeps for its own backward
@@ -467,9 +482,10 @@ def train_bytes_per_row(
     head's backward (`HEAD_BLOCK_ARRAYS` float32 [token_block, V] arrays, its input
     and that input's cotangent) and one rebuilt layer's backward
     (`_rebuilt_layer_bytes`): the head's backward ends before the layers' begins.
-    Without remat: every layer's residuals, one layer's backward working set (the
-    cotangents of its largest arrays, or one query block's recomputed scores) and
-    the logits. Both add the mask [tokens, tokens].
+    Without remat: every layer's residuals and the larger of the logits and what
+    one layer's backward working set (the cotangents of its largest arrays, or one
+    query block's recomputed scores) exceeds that layer's residuals by. Both add
+    the mask [tokens, tokens].
     """
     c = config
     layers = [
@@ -486,5 +502,7 @@ def train_bytes_per_row(
         )
         return kept + max(head, rebuilt) + tokens * tokens
     kept = sum(r for r, _ in layers)
-    logits = 4 * tokens * c.vocab_size * 4
-    return kept + max(work for _, work in layers) + logits + tokens * tokens
+    logits = 3 * tokens * c.vocab_size * 4
+    # The head's backward ends before the layers' begins: the logits and a layer's
+    # backward working set never coexist.
+    return kept + max(max(work for _, work in layers), logits) + tokens * tokens

@@ -260,7 +260,7 @@ class Qwen3(nnx.Module):
             layers = ()
         for i, layer in enumerate(layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
-            call = layer_call(layer, remat=remat, query_block=query_block, cached=kv is not None)
+            call = layer_call(layer, remat=remat, query_block=query_block)
             x, (k, v) = call(x, cos, sin, mask, kv, cache_index)
             ks.append(k)
             vs.append(v)
@@ -279,7 +279,7 @@ class Qwen3(nnx.Module):
 REMAT_POLICY = jax.checkpoint_policies.nothing_saveable
 
 
-def layer_call(layer: nnx.Module, *, remat: bool, query_block: int, cached: bool = False):
+def layer_call(layer: nnx.Module, *, remat: bool, query_block: int):
     """`layer`'s forward as a function of its positional arguments.
 
     With `remat`, the function is `jax.checkpoint`ed over the layer's params and
@@ -288,15 +288,10 @@ def layer_call(layer: nnx.Module, *, remat: bool, query_block: int, cached: bool
     reaches it. Values and gradients are those of the plain call.
 
     Under a mesh in context (`jax.sharding.use_abstract_mesh`, as the train step
-    and the sampler set it) a layer with remat or with a cache (`cached`: the
-    sampler) gathers its weights over `fsdp` and keeps the batch split
-    (`layer_scan.apply_layer`). A training pass without remat is left to XLA's
-    partitioner, as the memory plan's no-remat terms were fitted (constrained the
-    same way, a tiny Qwen3 on 4 CPU devices needs 27% fewer temporaries, and the
-    plan is then 1.27-1.40x of them: not yet refitted).
+    and the sampler set it) the layer gathers its weights over `fsdp` where it
+    uses them and keeps the batch split (`layer_scan.apply_layer`), with or
+    without remat, with or without a cache; no-op without one.
     """
-    if not (remat or cached):
-        return functools.partial(layer, query_block=query_block)
     graphdef, state = nnx.split(layer)
     call = functools.partial(layer_scan.apply_layer, graphdef, query_block)
     if remat:

@@ -338,9 +338,7 @@ class Qwen3_5(nnx.Module):
             layers = ()
         for i, layer in enumerate(layers):
             layer_cache = None if cache is None else cache.layers[i]
-            call = layer_call(
-                layer, remat=remat, query_block=query_block, cached=layer_cache is not None
-            )
+            call = layer_call(layer, remat=remat, query_block=query_block)
             x, layer_cache = call(x, cos, sin, mask, token_mask, layer_cache, cache_index)
             caches.append(layer_cache)
         if last_only:

@@ -182,6 +182,7 @@ class MemoryPlan:
     train_row_remat: float  # with per-layer remat and the blocked LM head
     train_row_plain: float  # without them
     train_rows: int  # training rows per device per micro-batch
+    gen_gathered: float  # FSDP-gathered weights at generation's peak (in `resident`'s)
     gen_rows: int  # largest rollout rows per device
     wm_rows: int  # largest world-model rows per device
     problems: tuple[str, ...]
@@ -289,16 +290,33 @@ def _resident(config, w: Workload, mesh: Mapping[str, int]) -> dict:
     if w.unsharded_load and math.prod(mesh.values()) > 1:  # one device: no second copy
         out["loaded params on device 0"] = full * pb
     if mesh["fsdp"] > 1:
-        # Two layers' worth, unsharded: generating, a layer's gathered weights and the
-        # next layer's (prefetch); training, a layer's weights gathered inside its
-        # checkpoint and that layer's gradients before their reduce-scatter (XLA's
-        # buffer assignment of the remat step). Plus the embedding and the LM head.
-        gathered = 2 * model_memory.largest_layer_elements(config)
-        gathered += (
+        out[GATHERED] = _gathered(config, mesh, pb, tables=True)
+    return out
+
+
+GATHERED = "FSDP-gathered weights (in use)"
+
+
+def _gathered(config, mesh: Mapping[str, int], pb: int, *, tables: bool) -> int:
+    """Bytes of weights gathered over `fsdp` at once, per device (0 without FSDP).
+
+    Two layers' worth, unsharded: generating, a layer's gathered weights and the
+    next layer's (prefetch); training, a layer's weights gathered inside its
+    checkpoint and that layer's gradients before their reduce-scatter (XLA's
+    buffer assignment of the remat step). `tables`: plus the embedding and the LM
+    head, as training holds them. Generating gathers the LM head only for the last
+    position's logits and each decode step, after the prefill's working set is
+    gone, so its peak (the prefill) holds the two layers alone (the samplers
+    compiled for 8 H200s, `benchmarks.aot`).
+    """
+    if mesh["fsdp"] == 1:
+        return 0
+    elements = 2 * model_memory.largest_layer_elements(config)
+    if tables:
+        elements += (
             config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
         )
-        out["FSDP-gathered weights (in use)"] = gathered * pb // mesh["tensor"]
-    return out
+    return elements * pb // mesh["tensor"]
 
 
 def _rows(free: float, per_row: float) -> int:
@@ -341,6 +359,8 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         sequence(w.wm_prompt, w.wm_new_tokens),
     )
     free = device.usable - sum(resident.values())
+    gen_gathered = _gathered(config, mesh, pb, tables=False)
+    gen_free = free + resident.get(GATHERED, 0) - gen_gathered
 
     def train_row(remat: bool) -> int:
         row = model_memory.train_bytes_per_row(config, tokens, cb, t, remat)
@@ -365,8 +385,9 @@ def _measure(config, w: Workload, mesh: Mapping[str, int], device: Device) -> Me
         train_row_remat=train_row(True),
         train_row_plain=train_row(False),
         train_rows=-(-w.rollout_rows // (w.microbatches * mesh["data"] * mesh["fsdp"])),
-        gen_rows=_rows(free, gen_row),
-        wm_rows=_rows(free, wm_row),
+        gen_gathered=gen_gathered,
+        gen_rows=_rows(gen_free, gen_row),
+        wm_rows=_rows(gen_free, wm_row),
         problems=(),
     )
 
