@@ -8,7 +8,9 @@ round, the median reported, compilation excluded by a warm-up call):
 1. kernel: `gated_delta_chunked` (chunk 64) against `gated_delta_recurrent`
    (a `lax.scan` over tokens) and the PyTorch chunked fallback of `transformers`
    (`torch_chunk_gated_delta_rule`), forward and forward+backward tokens/s on
-   the same float32 inputs [1, T, H=4, D=64], for each T in `--seqs`;
+   the same float32 inputs [1, T, H=4, D=64], for each T in `--seqs`; and the
+   forward of the sampler's prefill form (`per_chunk=True`: each chunk's terms
+   built inside the scan) against the training form's;
 2. model: the forward of a tiny random Qwen3.5 (`--preset`) in Flax against
    `transformers`' `Qwen3_5ForCausalLM` (eager attention, the same chunked
    fallback) on the same checkpoint, tokens/s at batch 1 x 512;
@@ -19,6 +21,7 @@ The anchors are optional: `pip install torch==2.13.0` for `transformers`.
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -118,7 +121,9 @@ def kernel_table(seqs, repeats: int, skip: set) -> list[dict]:
             _jax_kernel(gated_delta_chunked, arrays),
             _jax_kernel(gated_delta_recurrent, arrays),
         )
+        per_chunk = functools.partial(gated_delta_chunked, per_chunk=True)  # the prefill's form
         fwd = {"chunked": chunked[0], "recurrent": recurrent[0]}
+        fwd["per_chunk"] = _jax_kernel(per_chunk, arrays)[0]
         bwd = {"chunked": chunked[1], "recurrent": recurrent[1]}
         if "torch" not in skip:
             torch_fns = _torch_kernel(arrays)
@@ -127,6 +132,8 @@ def kernel_table(seqs, repeats: int, skip: set) -> list[dict]:
             secs = _rounds(fns, repeats)
             row = {"T": t, "mode": mode, **{f"{n}_tok_s": t / s for n, s in secs.items()}}
             row["chunked_vs_recurrent"] = secs["recurrent"] / secs["chunked"]
+            if "per_chunk" in secs:
+                row["per_chunk_vs_chunked"] = secs["chunked"] / secs["per_chunk"]
             if "torch_chunked" in secs:
                 row["chunked_vs_torch"] = secs["torch_chunked"] / secs["chunked"]
             rows.append(row)

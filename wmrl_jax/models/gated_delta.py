@@ -12,7 +12,10 @@ v_t, log-decay g_t <= 0 and write strength beta_t in (0, 1):
 a chunk of C tokens the delta updates are condensed into the inverse of one
 unit-lower-triangular matrix (the UT transform of DeltaNet, Yang et al., 2024,
 arXiv:2406.06484), then a `lax.scan` carries the state across chunks. Both
-forms agree to float32 rounding.
+forms agree to float32 rounding. Training builds every chunk's terms at once;
+the sampler's prefill (`per_chunk=True`) builds each chunk's inside the scan,
+from its inputs in their own dtype, and holds no float32 tensor of the inputs'
+size but the output.
 
 Example:
     >>> out, state = gated_delta_chunked(q, k, v, g, beta)   # [B, T, H, Dv], [B, H, Dk, Dv]
@@ -208,17 +211,16 @@ def gated_delta_chunked(
     pad = -t % c
     n = (t + pad) // c
 
+    def padded(x):  # [B, T, ...] -> [B, N C, ...]
+        return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+
     def split(x):  # [B, T, H, ...] -> [N, B, H, C, ...]
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        x = x.reshape(b, n, c, *x.shape[2:])
-        return jnp.moveaxis(x, (1, 3), (0, 2))
+        return jnp.moveaxis(padded(x).reshape(b, n, c, *x.shape[2:]), (1, 3), (0, 2))
 
     state = jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None else initial_state
     state = state.astype(jnp.float32)
     if per_chunk:
-        inputs = [
-            jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in (q, k, v, g, beta)
-        ]
+        inputs = [padded(x) for x in (q, k, v, g, beta)]
 
         def body(i, carry):
             state, out = carry
