@@ -61,14 +61,16 @@ PARTS = ("train", "rollout")
 DEPTHS = {"qwen3": "2,4", "qwen3.5": "8,12"}
 
 
-def run_config(name: str, mesh=None, microbatches=None):
-    """The MLE-Dojo config of `name`, optionally on another mesh / micro-batch count."""
+def run_config(name: str, mesh=None, microbatches=None, lora_rank: int = 0):
+    """The MLE-Dojo config of `name`, optionally on another mesh / micro-batch count,
+    with LoRA adapters of `lora_rank` (0: none)."""
     config = importlib.import_module(CONFIGS[name]).get_config()
     config.unlock()
     if mesh is not None:
         config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
     if microbatches is not None:
         config.train.num_microbatches = microbatches
+    config.train.lora.rank = lora_rank
     return config
 
 
@@ -98,18 +100,34 @@ def _abstract(tree, shardings):
     )
 
 
+def abstract_model(arch, config):
+    """(graphdef, params as `jax.ShapeDtypeStruct`s) of `arch` in the config's dtype, with
+    the config's LoRA adapters (`train.lora`) if any: made, small, then only their shapes
+    kept."""
+    import jax
+    import jax.numpy as jnp
+
+    from wmrl_jax.models import api, lora
+    from wmrl_jax.train.config import lora_settings
+
+    graphdef, shapes = api.abstract_split(arch, jnp.dtype(config.agent.text.dtype))
+    adapters = lora_settings(config)
+    if adapters:
+        graphdef, shapes = lora.attach(graphdef, shapes, **adapters, key=jax.random.key(0))
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), shapes)
+    return graphdef, shapes
+
+
 def compile_train(arch, config, mesh) -> dict:
     """Memory analysis of the config's train step for `arch` on `mesh` (abstract arrays)."""
     import jax
-    import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from wmrl_jax.models import api
     from wmrl_jax.train import builder, loss
     from wmrl_jax.train import state as state_lib
     from wmrl_jax.train import step as step_lib
 
-    graphdef, shapes = api.abstract_split(arch, jnp.dtype(config.agent.text.dtype))
+    graphdef, shapes = abstract_model(arch, config)
     optimizer = state_lib.make_optimizer(builder.optimizer_config(config))
     kl = config.train.loss.kl_coef
     state = jax.eval_shape(lambda p: state_lib.init_train_state(p, optimizer, kl_coef=kl), shapes)
@@ -140,10 +158,10 @@ def compile_sampler(arch, config, mesh, rows: int, *, hlo: bool = False) -> dict
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from wmrl_jax.models import api, sampler, sharding
+    from wmrl_jax.models import sampler, sharding
     from wmrl_jax.train import state as state_lib
 
-    graphdef, shapes = api.abstract_split(arch, jnp.dtype(config.agent.text.dtype))
+    graphdef, shapes = abstract_model(arch, config)
     # As the trainer places them: by the partition rules, keyed on each param's name.
     params = _abstract(shapes, state_lib.tree_shardings(shapes, mesh))
     text = config.agent.text
@@ -178,7 +196,9 @@ def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict
         target = dataclasses.replace(target, usable=target.total * SINGLE_FRACTION - memory.RESERVE)
     p = memory.plan(arch, memory.workload_from_config(config), sizes, target)
     resident = p.resident
-    state = resident["params"] + resident["optimizer (AdamW mu, nu)"]
+    # The params: the base and, under LoRA, the adapters (only they have moments).
+    params = sum(v for k, v in resident.items() if k.startswith(("params", "LoRA adapters")))
+    state = params + resident["optimizer (AdamW mu, nu)"]
     gathered = resident.get(memory.GATHERED, 0)
     rows = gen_rows or p.batch_sizes()["rollout"] // p.batch_devices
     return {
@@ -187,7 +207,7 @@ def plan_numbers(arch, config, device: str, gen_rows: int | None = None) -> dict
         "train_peak": p.train_peak,
         "train_rows": p.train_rows,
         "gen_rows": rows,
-        "gen_params": resident["params"],
+        "gen_params": params,
         "gen_temporaries": rows * p.gen_row + p.gen_gathered,
         "fits": p.fits,
     }
@@ -204,8 +224,9 @@ def extrapolate(at: dict, depths: tuple[int, int], full: int) -> dict:
 
 
 def measure(
-    name: str, target: str, depths, parts, mesh_shape, microbatches, devices, device, saved=None
-):
+    name: str, target: str, depths, parts, mesh_shape, microbatches, devices, device, saved=None,
+    lora_rank: int = 0,
+):  # fmt: skip
     """Compiler and plan numbers of one model and mesh, at each depth and extrapolated.
 
     `saved(out)` is called after each depth with what is known so far.
@@ -213,11 +234,13 @@ def measure(
     from wmrl_jax.models import architectures, sharding
 
     arch = architectures.get(name)
-    config = run_config(name, mesh_shape, microbatches)
+    config = run_config(name, mesh_shape, microbatches, lora_rank)
     sizes = tuple(int(config.mesh[a]) for a in ("data", "fsdp", "tensor"))
     mesh = sharding.make_mesh(*sizes, devices=devices[: math.prod(sizes)])
     out = {"model": name, "mesh": sizes, "microbatches": config.train.num_microbatches,
            "target": target, "layers": arch.num_hidden_layers, "depths": {}}  # fmt: skip
+    if lora_rank:
+        out["lora_rank"] = lora_rank
     out["full_plan"] = plan_numbers(arch, config, device)
     rows = out["full_plan"]["gen_rows"]
     for depth in depths:
@@ -278,6 +301,11 @@ def _rows(r: dict):
                 yield f" ({depth} of {r['layers']} layers)", row["plan"], row[part], part, None
 
 
+def lora_label(result: dict) -> str:
+    """ " + LoRA r<rank>" for a run with adapters, else ""."""
+    return f" + LoRA r{result['lora_rank']}" if result.get("lora_rank") else ""
+
+
 def table(results: list[dict]) -> str:
     """The plan-versus-compiler table (Markdown), per device, full depth."""
     head = (
@@ -294,7 +322,8 @@ def table(results: list[dict]) -> str:
             c_peak = c["arguments"] + c["outputs"] - c["aliased"] + c["temporaries"]
             slope = f"{slopes[0] / GIB:.2f}, {slopes[1] / GIB:.2f}" if slopes else "-"
             lines.append(
-                f"| {r['model']}{label} | {'x'.join(map(str, r['mesh']))}, {r['microbatches']} "
+                f"| {r['model']}{lora_label(r)}{label} "
+                f"| {'x'.join(map(str, r['mesh']))}, {r['microbatches']} "
                 f"| {part} "
                 f"| {c['arguments'] / GIB:.1f} / {c['temporaries'] / GIB:.1f} "
                 f"| {p_args / GIB:.1f} / {p_temp / GIB:.1f} "
@@ -335,6 +364,10 @@ def main(argv=None) -> list[dict]:
         "--depths", default="", help="two (or three: a check) depths; default 2,4 (Qwen3), 8,12"
     )
     parser.add_argument("--meshes", default="config,single", help="config: 8 devices; single: one")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train with LoRA adapters")
+    parser.add_argument(
+        "--microbatches", type=int, default=0, help="instead of the config's (or SINGLE's)"
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--readme", default=None, help="rewrite its --section")
     parser.add_argument(
@@ -357,13 +390,14 @@ def main(argv=None) -> list[dict]:
     for name in args.models.split(","):
         for which in args.meshes.split(","):
             mesh, micro = ((1, 1, 1), SINGLE[name]) if which == "single" else (None, None)
+            micro = args.microbatches or micro
             depths = [int(d) for d in (args.depths or DEPTHS[name.split("-")[0]]).split(",")]
 
             done = list(results)
             results.append(
                 measure(
                     name, args.target, depths, parts, mesh, micro, devices, device,
-                    functools.partial(_save, args.json, done),
+                    functools.partial(_save, args.json, done), lora_rank=args.lora_rank,
                 )
             )  # fmt: skip
     return report(results, args)

@@ -54,23 +54,22 @@ from wmrl_jax.models import api, sharding
 from wmrl_jax.models.config import config_from_dict
 
 out = {}
-for remat in (False, True):
-    for layers in (2, 4):
-        arch = config_from_dict(api.qwen3_config_dict(
-            vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=layers,
-            num_attention_heads=8, num_key_value_heads=4, head_dim=16))
-        config = aot.run_config("qwen3-4b", (1, 4, 1), 2)
-        config.tasks_per_step, config.group_size = 2, 4
-        config.agent.text.max_prompt_tokens, config.agent.text.max_new_tokens = 192, 64
-        config.train.remat = remat
-        dtype = "float32" if remat else "bfloat16"
-        config.agent.text.dtype = config.train.compute_dtype = dtype
-        mesh = sharding.make_mesh(1, 4, 1, devices=jax.devices("cpu")[:4])
-        plan = aot.plan_numbers(arch, config, "h200", gen_rows=1)
-        out[f"{remat}-{layers}"] = {
-            "plan": plan, "train": aot.compile_train(arch, config, mesh),
-            "rollout": aot.compile_sampler(arch, config, mesh, 4),
-        }
+for remat, layers, lora_rank in [(r, n, 0) for r in (False, True) for n in (2, 4)] + [(True, 2, 8)]:
+    arch = config_from_dict(api.qwen3_config_dict(
+        vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=16))
+    config = aot.run_config("qwen3-4b", (1, 4, 1), 2, lora_rank)
+    config.tasks_per_step, config.group_size = 2, 4
+    config.agent.text.max_prompt_tokens, config.agent.text.max_new_tokens = 192, 64
+    config.train.remat = remat
+    dtype = "float32" if remat else "bfloat16"
+    config.agent.text.dtype = config.train.compute_dtype = dtype
+    mesh = sharding.make_mesh(1, 4, 1, devices=jax.devices("cpu")[:4])
+    plan = aot.plan_numbers(arch, config, "h200", gen_rows=1)
+    out[f"{remat}-{layers}" + (f"-lora{lora_rank}" if lora_rank else "")] = {
+        "plan": plan, "train": aot.compile_train(arch, config, mesh),
+        "rollout": aot.compile_sampler(arch, config, mesh, 4),
+    }
 print("RESULT", json.dumps(out))
 """
 
@@ -99,6 +98,16 @@ def test_plan_state_matches_compiled_arguments(tiny_compiles):
         assert 0.95 <= ratio <= 1.0, ratio
         ratio = run["plan"]["gen_params"] / run["rollout"]["arguments"]
         assert 0.95 <= ratio <= 1.0, ratio
+
+
+def test_plan_tracks_the_compiler_with_lora(tiny_compiles):
+    """With rank-8 adapters (remat): the arguments are the frozen base, the adapters and
+    their moments only, as planned (beside the full model's: fewer), and the train
+    step's temporaries are within 25%."""
+    run, full = tiny_compiles["True-2-lora8"], tiny_compiles["True-2"]
+    assert run["train"]["arguments"] < 0.6 * full["train"]["arguments"]
+    assert 0.95 <= run["plan"]["train_state"] / run["train"]["arguments"] <= 1.0
+    assert 0.75 <= run["plan"]["train_temporaries"] / run["train"]["temporaries"] <= 1.25
 
 
 def test_plan_train_temporaries_track_the_compiler_without_remat(tiny_compiles):
