@@ -222,6 +222,7 @@ class MemoryPlan:
     def format(self) -> str:
         """The plan as a table, one line per term, in GiB."""
         w, resident = self.workload, sum(self.resident.values())
+        gathered = self.resident.get(GATHERED, 0)
 
         def row(label: str, size: float, note: str = "") -> str:
             return f"  {label:<40}{size / GIB:8.1f} GiB{note}"
@@ -245,6 +246,9 @@ class MemoryPlan:
             f"  model: {self.param_count:,} params in {w.param_dtype}",
             *(row(name, size) for name, size in self.resident.items()),
             row("resident total", resident),
+            *([row("gathered while generating (layers only)", self.gen_gathered - gathered,
+                   "  (embedding and LM head gathered after the prefill)")]
+              if gathered else []),
             row(f"rollout sequence ({w.prompt_tokens}+{w.new_tokens} tokens)", self.gen_row,
                 batch(self.gen_rows, "rollout", w.rollout_rows)),
             row(f"WM sequence ({w.wm_prompt}+{w.wm_new_tokens} tokens)", self.wm_row,
