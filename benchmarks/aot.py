@@ -61,9 +61,9 @@ PARTS = ("train", "rollout")
 DEPTHS = {"qwen3": "2,4", "qwen3.5": "8,12"}
 
 
-def run_config(name: str, mesh=None, microbatches=None, lora_rank: int = 0):
+def run_config(name: str, mesh=None, microbatches=None, lora_rank: int = 0, remat: bool = True):
     """The MLE-Dojo config of `name`, optionally on another mesh / micro-batch count,
-    with LoRA adapters of `lora_rank` (0: none)."""
+    with LoRA adapters of `lora_rank` (0: none), without remat if not `remat`."""
     config = importlib.import_module(CONFIGS[name]).get_config()
     config.unlock()
     if mesh is not None:
@@ -71,6 +71,7 @@ def run_config(name: str, mesh=None, microbatches=None, lora_rank: int = 0):
     if microbatches is not None:
         config.train.num_microbatches = microbatches
     config.train.lora.rank = lora_rank
+    config.train.remat = config.train.remat and remat
     return config
 
 
@@ -225,7 +226,7 @@ def extrapolate(at: dict, depths: tuple[int, int], full: int) -> dict:
 
 def measure(
     name: str, target: str, depths, parts, mesh_shape, microbatches, devices, device, saved=None,
-    lora_rank: int = 0,
+    lora_rank: int = 0, remat: bool = True,
 ):  # fmt: skip
     """Compiler and plan numbers of one model and mesh, at each depth and extrapolated.
 
@@ -234,13 +235,15 @@ def measure(
     from wmrl_jax.models import architectures, sharding
 
     arch = architectures.get(name)
-    config = run_config(name, mesh_shape, microbatches, lora_rank)
+    config = run_config(name, mesh_shape, microbatches, lora_rank, remat)
     sizes = tuple(int(config.mesh[a]) for a in ("data", "fsdp", "tensor"))
     mesh = sharding.make_mesh(*sizes, devices=devices[: math.prod(sizes)])
     out = {"model": name, "mesh": sizes, "microbatches": config.train.num_microbatches,
            "target": target, "layers": arch.num_hidden_layers, "depths": {}}  # fmt: skip
     if lora_rank:
         out["lora_rank"] = lora_rank
+    if not config.train.remat:
+        out["remat"] = False
     out["full_plan"] = plan_numbers(arch, config, device)
     rows = out["full_plan"]["gen_rows"]
     for depth in depths:
@@ -301,9 +304,10 @@ def _rows(r: dict):
                 yield f" ({depth} of {r['layers']} layers)", row["plan"], row[part], part, None
 
 
-def lora_label(result: dict) -> str:
-    """ " + LoRA r<rank>" for a run with adapters, else ""."""
-    return f" + LoRA r{result['lora_rank']}" if result.get("lora_rank") else ""
+def run_label(result: dict) -> str:
+    """What sets a run apart from its config: " + LoRA r<rank>", ", no remat"."""
+    lora = f" + LoRA r{result['lora_rank']}" if result.get("lora_rank") else ""
+    return lora + (", no remat" if result.get("remat") is False else "")
 
 
 def table(results: list[dict]) -> str:
@@ -322,7 +326,7 @@ def table(results: list[dict]) -> str:
             c_peak = c["arguments"] + c["outputs"] - c["aliased"] + c["temporaries"]
             slope = f"{slopes[0] / GIB:.2f}, {slopes[1] / GIB:.2f}" if slopes else "-"
             lines.append(
-                f"| {r['model']}{lora_label(r)}{label} "
+                f"| {r['model']}{run_label(r)}{label} "
                 f"| {'x'.join(map(str, r['mesh']))}, {r['microbatches']} "
                 f"| {part} "
                 f"| {c['arguments'] / GIB:.1f} / {c['temporaries'] / GIB:.1f} "
@@ -365,6 +369,7 @@ def main(argv=None) -> list[dict]:
     )
     parser.add_argument("--meshes", default="config,single", help="config: 8 devices; single: one")
     parser.add_argument("--lora-rank", type=int, default=0, help="train with LoRA adapters")
+    parser.add_argument("--no-remat", action="store_true", help="train without remat")
     parser.add_argument(
         "--microbatches", type=int, default=0, help="instead of the config's (or SINGLE's)"
     )
@@ -398,6 +403,7 @@ def main(argv=None) -> list[dict]:
                 measure(
                     name, args.target, depths, parts, mesh, micro, devices, device,
                     functools.partial(_save, args.json, done), lora_rank=args.lora_rank,
+                    remat=not args.no_remat,
                 )
             )  # fmt: skip
     return report(results, args)

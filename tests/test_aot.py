@@ -261,6 +261,7 @@ def test_committed_results_tabulate_into_their_section(tmp_path):
         ("aot-qwen3.5", ["qwen3_5_train.json"]),
         ("aot-rollout", ["qwen3_rollout.json", "qwen3_5_rollout.json"]),
         ("aot-lora", ["qwen3_5_9b_lora_train.json"]),
+        ("aot-noremat", ["qwen3_4b_noremat_train.json"]),
     ],
 )
 def test_the_committed_tables_are_what_their_json_tabulates(tmp_path, section, names):
