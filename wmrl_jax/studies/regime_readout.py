@@ -63,18 +63,18 @@ def pick_cost(costs, seconds: float) -> tuple[float | None, str]:
     below = [c for c in numeric if c <= seconds]
     if below:
         c = below[-1]
-        note = "" if c == seconds else f"the map's dearest cost at or below {seconds:g} s"
+        note = "" if c == seconds else f"the map's dearest cost at or below {seconds:.3g} s"
         if c == numeric[-1] and seconds > c:
             note = f"above the map's dearest cost ({c:g} s): read there, a lower bound"
         return c, note
     if None in costs:
         return None, (
-            f"{seconds:g} s is below the map's cheapest cost ({numeric[0]:g} s): read at its "
+            f"{seconds:.3g} s is below the map's cheapest cost ({numeric[0]:g} s): read at its "
             "recorded seconds (the map's own programs' execution times)"
         )
     if not numeric:
         raise ValueError("the regime map has no cost axis")
-    return numeric[0], f"{seconds:g} s is below the map's cheapest cost: read at {numeric[0]:g} s"
+    return numeric[0], f"{seconds:.3g} s is below the map's cheapest cost: read at {numeric[0]:g} s"
 
 
 def pick_params(params, n: float) -> tuple[float, str]:
@@ -83,9 +83,9 @@ def pick_params(params, n: float) -> tuple[float, str]:
     if not sizes:
         raise ValueError("the regime map has no model-size axis")
     if n <= 0:
-        return sizes[-1], f"model size not given: the map's largest, N = {sizes[-1]:g}"
+        return sizes[-1], f"model size not given: the map's largest, N = {sizes[-1] / 1e9:g}B"
     best = min(sizes, key=lambda p: abs(math.log(p / n)))
-    return best, "" if best == n else f"the map's size nearest to N = {n:g}"
+    return best, "" if best == n else f"the map's size nearest to N = {n / 1e9:g}B"
 
 
 def ratio_at(cells: list[dict], q: float, key: str = "ratio_vs_best_real") -> tuple:

@@ -81,9 +81,9 @@ def regime_lines(payload: dict) -> list[str]:
     if m["same_as_map_q"]:
         same = "The probe's Spearman is the same measure, but:"
     lines[0] += (
-        f"Map `{r['path']}` at {payload['execution_seconds']:g} s per execution "
+        f"Map `{r['path']}` at {payload['execution_seconds']:.3g} s per execution "
         f"({payload['execution_seconds_from']}), read at {_cost(r['cost'])} and "
-        f"N = {r['params']:g}" + (f" ({'; '.join(r['notes'])})" if r["notes"] else "") + ". "
+        f"N = {r['params'] / 1e9:g}B" + (f" ({'; '.join(r['notes'])})" if r["notes"] else "") + ". "
         f"On its q axis: {Q_MEANING}. {same} " + "; ".join(m["notes"]) + "."
     )
     if r["group_size"] is not None and r["group_size"] != payload["run"]["k"]:
