@@ -10,7 +10,9 @@ round, the median reported, compilation excluded by a warm-up call):
    (`torch_chunk_gated_delta_rule`), forward and forward+backward tokens/s on
    the same float32 inputs [1, T, H=4, D=64], for each T in `--seqs`; and the
    forward of the sampler's prefill form (`per_chunk=True`: each chunk's terms
-   built inside the scan) against the training form's;
+   built inside the scan) against the training form's, and the training form's
+   forward+backward against the same with the loop across chunks differentiated
+   by autodiff of a `lax.scan` (`backward="autodiff"`: `written_vs_autodiff`);
 2. model: the forward of a tiny random Qwen3.5 (`--preset`) in Flax against
    `transformers`' `Qwen3_5ForCausalLM` (eager attention, the same chunked
    fallback) on the same checkpoint, tokens/s at batch 1 x 512;
@@ -125,6 +127,10 @@ def kernel_table(seqs, repeats: int, skip: set) -> list[dict]:
         fwd = {"chunked": chunked[0], "recurrent": recurrent[0]}
         fwd["per_chunk"] = _jax_kernel(per_chunk, arrays)[0]
         bwd = {"chunked": chunked[1], "recurrent": recurrent[1]}
+        # The loop across chunks differentiated by autodiff of a `lax.scan` (before
+        # `_chunk_scan`'s written-out backward): the same arithmetic, more memory on a GPU.
+        autodiff = functools.partial(gated_delta_chunked, backward="autodiff")
+        bwd["autodiff_scan"] = _jax_kernel(autodiff, arrays)[1]
         if "torch" not in skip:
             torch_fns = _torch_kernel(arrays)
             fwd["torch_chunked"], bwd["torch_chunked"] = torch_fns
@@ -134,6 +140,8 @@ def kernel_table(seqs, repeats: int, skip: set) -> list[dict]:
             row["chunked_vs_recurrent"] = secs["recurrent"] / secs["chunked"]
             if "per_chunk" in secs:
                 row["per_chunk_vs_chunked"] = secs["chunked"] / secs["per_chunk"]
+            if "autodiff_scan" in secs:
+                row["written_vs_autodiff"] = secs["autodiff_scan"] / secs["chunked"]
             if "torch_chunked" in secs:
                 row["chunked_vs_torch"] = secs["torch_chunked"] / secs["chunked"]
             rows.append(row)

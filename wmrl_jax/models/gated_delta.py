@@ -12,10 +12,11 @@ v_t, log-decay g_t <= 0 and write strength beta_t in (0, 1):
 a chunk of C tokens the delta updates are condensed into the inverse of one
 unit-lower-triangular matrix (the UT transform of DeltaNet, Yang et al., 2024,
 arXiv:2406.06484), then a `lax.scan` carries the state across chunks. Both
-forms agree to float32 rounding. Training builds every chunk's terms at once;
-the sampler's prefill (`per_chunk=True`) builds each chunk's inside the scan,
-from its inputs in their own dtype, and holds no float32 tensor of the inputs'
-size but the output.
+forms agree to float32 rounding. Training builds every chunk's terms at once
+and differentiates the loop across chunks by a backward pass written out
+(`_chunk_scan`); the sampler's prefill (`per_chunk=True`) builds each chunk's
+inside the loop, from its inputs in their own dtype, and holds no float32
+tensor of the inputs' size but the output.
 
 Example:
     >>> out, state = gated_delta_chunked(q, k, v, g, beta)   # [B, T, H, Dv], [B, H, Dk, Dv]
@@ -167,6 +168,103 @@ def _chunk_step(state, terms):
     return state, out
 
 
+def _scratch(shape, like: jax.Array) -> jax.Array:
+    """A float32 buffer of `shape` that the caller overwrites everywhere, made from
+    `like`'s data (0 x one of its elements): a zero-filled one is a constant, which XLA
+    may build at the program's start and hold until its loop runs (see `_chunk_scan`)."""
+    return jnp.broadcast_to(like.reshape(-1)[0].astype(jnp.float32) * 0.0, shape)
+
+
+# Slot i of a stacked [N, ...] array, read and written in place: a dynamic slice and
+# a dynamic update (`x.at[i].set` lowers to a scatter).
+_take = functools.partial(jax.lax.dynamic_index_in_dim, axis=0, keepdims=False)
+
+
+def _put(x, value, i):
+    return jax.lax.dynamic_update_index_in_dim(x, value, i, 0)
+
+
+def _chunk_loop(state, xs, *, keep_states: bool):
+    """The scan across chunks as a loop writing into buffers made from the data:
+    (final state, outputs [N, ...]) and, if `keep_states`, each chunk's incoming state."""
+    n = xs[0].shape[0]
+    out = _scratch((n, *xs[0].shape[1:-1], state.shape[-1]), xs[0])
+    states = _scratch((n, *state.shape), xs[0]) if keep_states else None
+
+    def body(i, carry):
+        s, out, states = carry
+        if keep_states:
+            states = _put(states, s, i)
+        s, o = _chunk_step(s, tuple(_take(x, i) for x in xs))
+        return s, _put(out, o, i), states
+
+    return jax.lax.fori_loop(0, n, body, (state, out, states))
+
+
+@jax.custom_vjp
+def _chunk_scan(state, xs):
+    """`lax.scan(_chunk_step, state, xs)`, with the backward pass written out.
+
+    Autodiff of a scan starts each stacked cotangent of `xs` (and the forward's saved
+    states) as a zero-filled buffer: constants, which XLA copied at the start of a
+    layer group's backward pass and held for all of its Gated DeltaNet layers
+    (Qwen3.5-4B's train step on 8 H200s: 16 float32 [chunks, rows, heads, 64, 128]
+    buffers, 0.5 GiB each, alive at its peak). Here the forward and the backward
+    write into buffers made from the data, which exist only once their layer runs.
+    (Writing the cotangents over the terms they are read from would save those
+    buffers too, but XLA then copied every buffer whole in every iteration.)
+    """
+    s, out, _ = _chunk_loop(state, xs, keep_states=False)
+    return s, out
+
+
+def _chunk_scan_fwd(state, xs):
+    s, out, states = _chunk_loop(state, xs, keep_states=True)
+    return (s, out), (xs, states)
+
+
+def _chunk_scan_bwd(residuals, cotangents):
+    xs, states = residuals
+    d_state, d_out = cotangents
+    n = xs[0].shape[0]
+
+    def body(j, carry):
+        i = n - 1 - j
+        ds, d_xs = carry
+        u, w, attn, q_in, k_out, decay = (_take(x, i) for x in xs)
+        s, do = _take(states, i), _take(d_out, i)
+        v_new = u - _einsum("bhck,bhkv->bhcv", w, s)
+        dv_new = _einsum("bhij,bhiv->bhjv", attn, do) + _einsum("bhck,bhkv->bhcv", k_out, ds)
+        grads = (
+            dv_new,  # d u
+            -_einsum("bhcv,bhkv->bhck", dv_new, s),  # d w
+            _einsum("bhiv,bhjv->bhij", do, v_new),  # d attn
+            _einsum("bhcv,bhkv->bhck", do, s),  # d q_in
+            _einsum("bhcv,bhkv->bhck", v_new, ds),  # d k_out
+            jnp.sum(ds * s, axis=(-2, -1), keepdims=True),  # d decay
+        )
+        ds = (
+            _einsum("bhck,bhcv->bhkv", q_in, do)
+            + ds * decay
+            - _einsum("bhck,bhcv->bhkv", w, dv_new)
+        )
+        return ds, tuple(_put(x, d, i) for x, d in zip(d_xs, grads, strict=True))
+
+    d_xs = tuple(_scratch(x.shape, x) for x in xs)
+    return jax.lax.fori_loop(0, n, body, (d_state, d_xs))
+
+
+_chunk_scan.defvjp(_chunk_scan_fwd, _chunk_scan_bwd)
+
+
+def _autodiff_chunk_scan(state, xs):
+    """The scan across chunks differentiated by autodiff: `_chunk_scan`'s reference."""
+    return jax.lax.scan(_chunk_step, state, xs)
+
+
+_SCANS = {"written": _chunk_scan, "autodiff": _autodiff_chunk_scan}
+
+
 def gated_delta_chunked(
     q,
     k,
@@ -178,6 +276,7 @@ def gated_delta_chunked(
     initial_state=None,
     normalize: bool = False,
     per_chunk: bool = False,
+    backward: str = "written",
 ):
     """The gated delta rule in chunks: parallel within a chunk, a scan across chunks.
 
@@ -199,6 +298,9 @@ def gated_delta_chunked(
             but the output (the sampler's prefill, which is not differentiated).
             Otherwise the inputs are prepared, and the intra-chunk terms built, for
             all chunks at once before the scan (more parallel work per op).
+        backward: how the all-chunks form's loop across chunks is differentiated:
+            "written" (`_chunk_scan`, its backward pass written out) or "autodiff"
+            (of a `lax.scan`; the reference, which holds more memory on a GPU).
 
     Returns:
         (output float32 [B, T, H, Dv], final state float32 [B, H, Dk, Dv]).
@@ -208,6 +310,8 @@ def gated_delta_chunked(
     c = int(chunk_size)
     if c < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if backward not in _SCANS:
+        raise ValueError(f"backward must be one of {sorted(_SCANS)}, got {backward!r}")
     pad = -t % c
     n = (t + pad) // c
 
@@ -236,6 +340,6 @@ def gated_delta_chunked(
         state, out = jax.lax.fori_loop(0, n, body, (state, inputs[2].astype(jnp.float32)))
         return out[:, :t], state
     xs = _chunk_terms(*(split(x) for x in prepare(q, k, v, g, beta, normalize=normalize)))
-    state, out = jax.lax.scan(_chunk_step, state, xs)
+    state, out = _SCANS[backward](state, xs)
     out = jnp.moveaxis(out, (0, 2), (1, 3)).reshape(b, n * c, h, dv)
     return out[:, :t], state
