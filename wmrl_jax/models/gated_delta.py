@@ -172,7 +172,7 @@ def _scratch(shape, like: jax.Array) -> jax.Array:
     """A float32 buffer of `shape` that the caller overwrites everywhere, made from
     `like`'s data (0 x one of its elements): a zero-filled one is a constant, which XLA
     may build at the program's start and hold until its loop runs (see `_chunk_scan`)."""
-    return jnp.broadcast_to(like.reshape(-1)[0].astype(jnp.float32) * 0.0, shape)
+    return jnp.broadcast_to(like[(0,) * like.ndim].astype(jnp.float32) * 0.0, shape)
 
 
 # Slot i of a stacked [N, ...] array, read and written in place: a dynamic slice and
