@@ -63,7 +63,8 @@ def test_exact_analysis_by_hand():
     assert diff["n"] == 3 and diff["mean"] == pytest.approx(d.mean())
     assert (diff["lo"], diff["hi"]) == pytest.approx((d.mean() - half, d.mean() + half))
     assert diff["verdict"] == ("above" if d.mean() - half > 0 else "inconclusive")
-    assert fast["vs_anchors_only"] == diff
+    assert diff["against"] == "real" and fast["vs_anchors_only"]["against"] == "anchors_only"
+    assert {**fast["vs_anchors_only"], "against": "real"} == diff
     # real against its copy: identical per seed, an interval of width 0 inside the margin.
     assert rows["anchors_only"]["vs_real"]["verdict"] == "equivalent"
     assert "vs_real" not in real and real["vs_anchors_only"]["mean"] == pytest.approx(0.0)
@@ -73,6 +74,51 @@ def test_exact_analysis_by_hand():
     table = paired.format_exact_table(out)
     assert "| fast | 0.400 → " in table and "never (0/3 reach it)" in table
     assert any("`fast`" not in line for line in paired.exact_lines(out))
+
+
+def test_a_variant_is_compared_with_the_controls_run_of_the_same_variant():
+    # `fast_warm` and `anchors_only_warm` share a change that moves every arm's start
+    # (a longer warm start): the variant's paired difference is against that control.
+    results = {
+        **_results(),
+        "fast_warm": [_run(1.0, 0.5, 0.4, s) for s in range(3)],
+        "anchors_only_warm": [_run(10.0, 0.5, 0.3, s) for s in range(3)],
+    }
+    assert paired.matched("fast_warm", "anchors_only", results) == "anchors_only_warm"
+    assert paired.matched("fast_warm", "real", results) == "real"  # No `real_warm`.
+    assert paired.matched("anchors_only_warm", "anchors_only", results) == "anchors_only"
+    assert paired.matched("anchors_only", "anchors_only", results) == "anchors_only"
+    out = paired.analyse_exact(results, margin=0.02, smooth=1)
+    rows = out["rows"]
+    d = rows["fast_warm"]["vs_anchors_only"]
+    assert d["against"] == "anchors_only_warm"
+    assert d["mean"] == pytest.approx(0.1)  # 0.5 + 0.4 against 0.5 + 0.3, every seed.
+    assert rows["fast_warm"]["vs_real"]["against"] == "real"
+    assert rows["fast_warm"]["vs_real"]["mean"] == pytest.approx(0.3)
+    # Compute to the target: `fast_warm` against `real` (no `real_warm`), 0.6 per seed.
+    assert rows["fast_warm"]["target"] == "real"
+    np.testing.assert_allclose(rows["fast_warm"]["to_target"], 10 * 0.1 / 0.4 * np.ones(3))
+    assert rows["real"]["target"] == "real"
+    # With `real_warm`, to its final level (0.7 per seed: step 5 of `fast_warm`, its 5 s
+    # against `real_warm`'s 100 s).
+    results["real_warm"] = [_run(10.0, 0.5, 0.2, s) for s in range(3)]
+    warm = paired.analyse_exact(results, margin=0.02, smooth=1)["rows"]["fast_warm"]
+    assert warm["target"] == "real_warm" and warm["vs_real"]["against"] == "real_warm"
+    np.testing.assert_allclose(warm["to_target"], 5.0)
+    assert warm["ratio_median"] == pytest.approx(20.0)
+    # The control's own variant is compared with the plain control.
+    assert rows["anchors_only_warm"]["vs_anchors_only"]["mean"] == pytest.approx(0.2)
+    line = next(
+        x for x in paired.format_exact_table(out).splitlines() if x.startswith("| fast_warm |")
+    )
+    assert line.endswith("against `anchors_only_warm`) |")
+    exact = paired.analyse_exact(
+        {"wmrl": results["fast"], "wmrl_warm": results["fast_warm"],
+         **{k: results[k] for k in ("real", "anchors_only", "anchors_only_warm")}},
+        margin=0.02, smooth=1,
+    )  # fmt: skip
+    assert any(x.startswith("`wmrl_warm` − `anchors_only_warm`: +0.100")
+               for x in paired.exact_lines(exact))  # fmt: skip
 
 
 def test_has_exact_needs_every_run():

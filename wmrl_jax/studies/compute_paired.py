@@ -11,7 +11,10 @@ curves carry no evaluation noise and are dense in compute. On them:
 * paired differences of the final level against the baseline and the
   control, seed by seed (the seeds share their warm start and keys), with a
   Student-t interval and a verdict against the equivalence margin declared
-  in the config (`analysis.equivalence`).
+  in the config (`analysis.equivalence`). A variant is compared with the
+  baseline's or control's run of the same variant where the study ran one
+  (`wmrl_warm600` with `real_warm600` and `anchors_only_warm600`: the same
+  longer warm start), else with the plain one.
 """
 
 from __future__ import annotations
@@ -60,6 +63,19 @@ def _ratio_cells(base: np.ndarray, own: np.ndarray) -> dict:
     }
 
 
+def matched(label: str, other: str, labels) -> str:
+    """`other` with `label`'s variant suffix where `labels` hold that run, else `other`.
+
+    `matched("wmrl_warm600", "anchors_only", ...)` is `anchors_only_warm600` when the
+    study ran it: a variant that changes what every arm starts from is compared with
+    the control that starts there too. A run is never matched with itself.
+    """
+    for i, char in enumerate(label):
+        if char == "_" and (own := other + label[i:]) in labels and own != label:
+            return own
+    return other
+
+
 def analyse_exact(
     results: dict[str, list[dict]],
     *,
@@ -74,15 +90,19 @@ def analyse_exact(
 
     Returns `{"margin", "level", "smooth", "baseline", "control", "rows": {label: row}}`;
     a row's `vs_<baseline>` / `vs_<control>` hold `analysis.Paired.to_dict()` of the
-    final held-out percentile (run − other) and its `verdict` against `margin`.
+    final held-out percentile (run − other), its `verdict` against `margin` and the run
+    it was compared with (`against`: the baseline's or control's run of the same
+    variant where there is one, `matched`).
     """
-    finals, reach, rows = {}, {}, {}
+    finals, rows = {}, {}
     curves = {label: exact_curves(s, "heldout_percentile", cost) for label, s in results.items()}
     for label, (_, y) in curves.items():
         finals[label] = last_finite(smoothed(y, smooth))
-    targets = finals[baseline]
-    for label, (x, y) in curves.items():
-        reach[label] = analysis.reach_rows(x, smoothed(y, smooth), targets)
+
+    def reach(label: str, target: str) -> np.ndarray:
+        x, y = curves[label]
+        return analysis.reach_rows(x, smoothed(y, smooth), finals[target])
+
     for label, summaries in results.items():
         _, train_y = exact_curves(summaries, "train_reward", cost)
         x, y = curves[label]
@@ -93,15 +113,24 @@ def analyse_exact(
             "heldout_final_seeds": finals[label].tolist(),
             "train_start": float(np.mean(train_y[:, 0])),
             "train_final": float(np.mean(last_finite(smoothed(train_y, smooth)))),
-            "to_target": [analysis.finite(r) for r in reach[label]],
-            "reached": int(np.sum(np.isfinite(reach[label]))),
-            "compute_total": float(np.mean(last_finite(x))),
         }
-        row.update(_ratio_cells(reach[baseline], reach[label]))
+        # To the final level of the baseline's run of the same variant where there is one.
+        base = matched(label, baseline, finals)
+        own = reach(label, base)
+        row.update(
+            to_target=[analysis.finite(r) for r in own],
+            reached=int(np.sum(np.isfinite(own))),
+            compute_total=float(np.mean(last_finite(x))),
+            target=base,
+            **_ratio_cells(reach(base, base), own),
+        )
         for other in (baseline, control):
-            if other in finals and other != label:
-                p = analysis.paired(finals[label], finals[other], level=level)
-                row[f"vs_{other}"] = {**p.to_dict(), "verdict": analysis.equivalence(p, margin)}
+            against = matched(label, other, finals)
+            if against in finals and against != label:
+                p = analysis.paired(finals[label], finals[against], level=level)
+                row[f"vs_{other}"] = {
+                    **p.to_dict(), "verdict": analysis.equivalence(p, margin), "against": against,
+                }  # fmt: skip
         rows[label] = row
     return {
         "margin": margin, "level": level, "smooth": smooth, "baseline": baseline,
@@ -122,9 +151,10 @@ def _diff_cell(row: dict, other: str) -> str:
     d = row.get(f"vs_{other}")
     if d is None:
         return "—"
+    n = f"n = {d['n']}" + (f", against `{a}`" if (a := d.get("against", other)) != other else "")
     if d["lo"] is None:
-        return f"{d['mean']:+.3f} (n = {d['n']})" if d["mean"] is not None else "—"
-    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] {d['verdict']} (n = {d['n']})"
+        return f"{d['mean']:+.3f} ({n})" if d["mean"] is not None else "—"
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] {d['verdict']} ({n})"
 
 
 def format_exact_table(exact: dict) -> str:
@@ -137,11 +167,13 @@ def format_exact_table(exact: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for label, row in exact["rows"].items():
+        target = row.get("target", base)
+        against = f", against `{target}`" if target != base else ""
         ratio = (
             f"{row['ratio_median']:.2f}× [{row['ratio_lo']:.2f}, {row['ratio_hi']:.2f}] "
-            f"({row['ratio_seeds']}/{row['seeds']})"
+            f"({row['ratio_seeds']}/{row['seeds']}{against})"
             if row["ratio_median"] is not None
-            else f"never ({row['reached']}/{row['seeds']} reach it)"
+            else f"never ({row['reached']}/{row['seeds']} reach it{against})"
         )
         lines.append(
             f"| {label} | {row['heldout_start']:.3f} → {row['heldout_final']:.3f} "
@@ -170,7 +202,8 @@ def exact_lines(exact: dict) -> list[str]:
         if d["lo"] is None:
             continue
         lines.append(
-            f"`{label}` − `{control}`: {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]: "
+            f"`{label}` − `{d.get('against', control)}`: "
+            f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]: "
             f"**{d['verdict']}**."
         )
     return lines
