@@ -19,6 +19,8 @@ curves carry no evaluation noise and are dense in compute. On them:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from wmrl_jax.studies import analysis
@@ -99,6 +101,7 @@ def analyse_exact(
     for label, (_, y) in curves.items():
         finals[label] = last_finite(smoothed(y, smooth))
 
+    @functools.cache  # A baseline's own reach serves every run matched with it.
     def reach(label: str, target: str) -> np.ndarray:
         x, y = curves[label]
         return analysis.reach_rows(x, smoothed(y, smooth), finals[target])

@@ -296,14 +296,14 @@ def _headline_lines(analysis: dict) -> list[str]:
 def _variant_lines(analysis: dict, few: bool) -> list[str]:
     """A sentence per `wmrl` variant (a sweep or a named variant, `wmrl_*` beyond the arms):
     its WM rank correlation, and where it ends against `wmrl` and against its control
-    (`anchors_only` with the same suffix where the study ran one, else `anchors_only`)."""
+    (`anchors_only` of the same variant where the study ran one, `compute_paired.matched`,
+    else `anchors_only`)."""
     wmrl, lines = analysis["wmrl"], []
     for label, row in analysis.items():
         if not label.startswith("wmrl_") or label in BEYOND:
             continue
-        suffix = label[len("wmrl") :]
-        control = f"anchors_only{suffix}" if f"anchors_only{suffix}" in analysis else None
-        control = control or ("anchors_only" if "anchors_only" in analysis else None)
+        control = paired.matched(label, "anchors_only", analysis)
+        control = control if control in analysis else None
         corr = row.get("wm_rank_corr")
         diff, se, side = _compare(row, wmrl, few)
         line = f"`{label}`" + (
