@@ -149,3 +149,22 @@ def test_headline_comparison_pairs_the_seeds():
     assert side == "above" and diff == pytest.approx(d.mean())
     assert se == pytest.approx(d.std(ddof=1) / math.sqrt(5))
     assert compute_report._compare(*rows, True)[2] == "(one seed) beside"
+
+
+def test_the_headline_compares_a_variant_with_its_own_control():
+    """`compute_report._variant_lines`: `wmrl_warm` against `anchors_only_warm` (the same
+    change to every arm's start), `wmrl_pv` against the plain `anchors_only`."""
+    from wmrl_jax.studies import compute_report
+
+    def row(finals, corr=None):
+        return {"heldout_final_seeds": finals, "wm_rank_corr": corr}
+
+    lines = compute_report._variant_lines(
+        {"wmrl": row([0.5, 0.6, 0.7], 0.1), "anchors_only": row([0.5, 0.6, 0.7]),
+         "wmrl_warm": row([0.8, 0.9, 1.0], 0.2), "anchors_only_warm": row([0.8, 0.9, 1.0]),
+         "wmrl_pv": row([0.6, 0.7, 0.8], 0.3)},
+        few=False,
+    )  # fmt: skip
+    warm, pv = (next(x for x in lines if x.startswith(f"`{k}`")) for k in ("wmrl_warm", "wmrl_pv"))
+    assert "above `wmrl` (+0.300" in warm and "level with `anchors_only_warm` (+0.000" in warm
+    assert pv.endswith("above `anchors_only` (+0.100 ± 0.000).")
